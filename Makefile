@@ -1,0 +1,117 @@
+# himitsu-controller: `make help` lists the targets.
+SHELL := /usr/bin/env bash
+.DEFAULT_GOAL := help
+
+PYTHON_SYSTEM ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LOCAL ?= .local
+KUBECONFIG_LOCAL := $(abspath $(LOCAL))/kubeconfig
+KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(LOCAL)/bin/kubectl)
+IMG ?= ghcr.io/himitsu-io/himitsu-controller:0.1.0
+KIND ?= kind
+KIND_CLUSTER ?= himitsu-e2e
+PYTEST_ARGS ?=
+
+##@ Develop
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON_SYSTEM) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+.PHONY: venv install-dev
+venv: $(VENV)/.installed ## Create .venv with the operator and its dev tools
+install-dev: venv
+
+.PHONY: lint
+lint: venv ## ruff + mypy --strict
+	$(VENV)/bin/ruff check src tests hack bench
+	$(VENV)/bin/mypy --strict
+
+.PHONY: test
+test: venv kube-build ## Unit tests, then the end-to-end suite on a local control plane (the CI command)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e -m "e2e" $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: venv ## Unit tests only (seconds, no cluster)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: venv kube-build ## End-to-end suite (starts its own control plane, or uses E2E_KUBECONFIG)
+	$(PY) -m pytest tests/e2e -m "e2e" $(PYTEST_ARGS)
+
+##@ Local control plane (etcd, kube-apiserver, kube-controller-manager built from Go modules)
+.PHONY: kube-build
+kube-build: ## Build the control-plane binaries into hack/kube/bin (cached)
+	bash hack/kube/build.sh
+
+.PHONY: cluster-up
+cluster-up: kube-build ## Start it on 127.0.0.1; kubeconfig in .local/kubeconfig, kubectl in .local/bin
+	$(PYTHON_SYSTEM) hack/localcluster.py up --dir $(LOCAL)
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane (by PID)
+	$(PYTHON_SYSTEM) hack/localcluster.py down --dir $(LOCAL)
+
+##@ Run
+.PHONY: demo
+demo: venv cluster-up ## Local control plane + Himitsu stand-in + operator + the KeyValue sample, synced Secret shown
+	$(PY) hack/demo.py up --dir $(LOCAL)
+
+.PHONY: demo-down
+demo-down: ## Stop what `make demo` started (operator, stand-in, control plane)
+	-$(PY) hack/demo.py down --dir $(LOCAL)
+	$(PYTHON_SYSTEM) hack/localcluster.py down --dir $(LOCAL)
+
+.PHONY: run
+run: venv ## Run the operator against the current kubeconfig (console logs)
+	$(VENV)/bin/himitsu-controller --log-format console --metrics-bind-address 127.0.0.1:8080 --health-probe-bind-address 127.0.0.1:8081
+
+##@ Deploy (to the cluster of the current kubeconfig)
+.PHONY: install
+install: ## Apply the CRD
+	$(KUBECTL) apply -f deploy/crd/himitsu.io_himitsusecrets.yaml
+
+.PHONY: uninstall
+uninstall: ## Delete the CRD (and with it every HimitsuSecret)
+	$(KUBECTL) delete --ignore-not-found -f deploy/crd/himitsu.io_himitsusecrets.yaml
+
+.PHONY: deploy
+deploy: ## Apply CRD, RBAC and the operator Deployment (kustomize: deploy/)
+	$(KUBECTL) apply -k deploy/
+
+.PHONY: undeploy
+undeploy: ## Remove what `make deploy` applied
+	$(KUBECTL) delete --ignore-not-found -k deploy/
+
+.PHONY: docker-build
+docker-build: ## Build the operator image $(IMG) (needs a Docker engine)
+	docker build -t $(IMG) .
+
+##@ kind (needs Docker and kind on your machine)
+.PHONY: kind-up
+kind-up: ## Create a kind cluster $(KIND_CLUSTER)
+	bash hack/kind/kind.sh up $(KIND_CLUSTER)
+
+.PHONY: kind-down
+kind-down: ## Delete the kind cluster
+	bash hack/kind/kind.sh down $(KIND_CLUSTER)
+
+.PHONY: e2e-kind
+e2e-kind: venv ## Build the image, load it into kind, deploy, run the same e2e suite against the in-cluster operator
+	bash hack/kind/kind.sh e2e $(KIND_CLUSTER) $(IMG)
+
+##@ Benchmarks
+.PHONY: bench
+bench: venv kube-build ## Steady-state cost, poll sharing, cold sync, drift repair (prints a table, writes bench/results/)
+	$(PY) bench/run.py
+
+.PHONY: clean
+clean: ## Remove build and test leftovers (not the Go caches)
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache hack/kube/bin

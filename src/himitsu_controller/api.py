@@ -1,0 +1,335 @@
+"""The HimitsuSecret resource: spec and status as typed values parsed from raw JSON dicts.
+
+Kubernetes objects travel through the runtime as plain dicts (cheap to decode, cheap to
+cache); this module is the one place that knows their shape. Parsing applies the
+contract's defaults, so the rest of the code never asks "was this field set?". The CRD
+schema already rejects most bad input at admission, but not all of it (an apiserver
+without our CRD's validation, an old object stored before a schema change, values that
+a pattern cannot express), so every rule is checked again here and reported as
+Ready=False InvalidSpec with a message that says what to fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+GROUP = "himitsu.io"
+VERSION = "v1alpha1"
+KIND = "HimitsuSecret"
+PLURAL = "himitsusecrets"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Stamped on every Secret we write; the Secret informer selects on it, so the operator
+# never caches every Secret in the cluster.
+LABEL_MANAGED = "himitsu.io/managed"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "himitsu-operator"
+
+ANN_OWNED_BY = "himitsu.io/owned-by"
+ANN_CONFIG_VERSION = "himitsu.io/config-version"
+ANN_PROJECT_ID = "himitsu.io/project-id"
+ANN_ENVIRONMENT_ID = "himitsu.io/environment-id"
+ANN_SOURCE = "himitsu.io/source-hash"
+ANN_DATA_HASH = "himitsu.io/data-hash"
+ANN_MANAGED_KEYS = "himitsu.io/managed-keys"
+# On the HimitsuSecret: any new value forces one full fetch.
+ANN_FORCE_SYNC = "himitsu.io/force-sync"
+
+FORMATS = ("KeyValue", "Dotenv", "Json")
+POLICIES = ("Owner", "Merge")
+DEFAULT_REFRESH_SECONDS = 60.0
+MAX_REFRESH_SECONDS = 366 * 24 * 3600.0
+
+_HEX = "[0-9a-fA-F]"
+_UUID_RE = re.compile(rf"^{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DATA_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {
+    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6,
+    "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0,
+}
+
+
+class InvalidSpec(ValueError):
+    """The HimitsuSecret cannot be acted on as written; the message says what to change."""
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go duration string (``0``, ``30s``, ``1m``, ``1h30m``, ``500ms``) into seconds.
+
+    Go's syntax, not ISO 8601, because that is what every Kubernetes user already writes
+    for intervals. Signs are refused: a negative interval has no meaning here.
+    """
+    raw = text.strip()
+    if raw in ("0", "+0"):
+        return 0.0
+    if not raw:
+        raise InvalidSpec("refreshInterval is empty; use a Go duration such as 30s, 1m or 1h")
+    if raw.startswith("-"):
+        raise InvalidSpec(f"refreshInterval {_show(raw)} is negative; use 0 to sync once")
+    body = raw[1:] if raw.startswith("+") else raw
+    total = 0.0
+    pos = 0
+    while pos < len(body):
+        match = _DURATION_PART_RE.match(body, pos)
+        if match is None:
+            raise InvalidSpec(
+                f"refreshInterval {_show(raw)} is not a Go duration; use forms like 30s, 1m, 1h30m"
+            )
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if total > MAX_REFRESH_SECONDS:
+        raise InvalidSpec(f"refreshInterval {_show(raw)} is longer than a year")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds the way Go would print a whole-second duration (for messages)."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return out + (f"{secs}s" if secs or not out else "")
+
+
+@dataclass(frozen=True)
+class Template:
+    format: str = "KeyValue"
+    key: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def data_key(self) -> str | None:
+        """The single data key of a blob format, defaulted; None for KeyValue."""
+        if self.format == "KeyValue":
+            return None
+        if self.key:
+            return self.key
+        return ".env" if self.format == "Dotenv" else "config.json"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    type: str = "Opaque"
+    creation_policy: str = "Owner"
+    template: Template = field(default_factory=Template)
+
+
+@dataclass(frozen=True)
+class Spec:
+    api_url: str
+    project_id: str
+    environment_id: str
+    auth_secret_name: str
+    auth_secret_key: str
+    refresh_interval: float
+    target: Target
+
+    def source_hash(self) -> str:
+        """Fingerprint of everything that decides which data lands in the target.
+
+        Recorded on the target; a mismatch means the target was written for another
+        source, so a conditional request (whose version belongs to that other source)
+        would be unsafe.
+        """
+        parts = (
+            self.api_url, self.project_id.lower(), self.environment_id.lower(),
+            self.target.template.format, self.target.template.data_key or "",
+            self.target.creation_policy, self.target.type,
+        )
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str
+    observed_generation: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": self.type, "status": self.status, "reason": self.reason,
+            "message": self.message, "lastTransitionTime": self.last_transition_time,
+        }
+        if self.observed_generation is not None:
+            out["observedGeneration"] = self.observed_generation
+        return out
+
+
+@dataclass(frozen=True)
+class Status:
+    config_version: int | None = None
+    secret_count: int | None = None
+    last_sync_time: str | None = None
+    observed_generation: int | None = None
+    last_force_sync: str | None = None
+    ready: Condition | None = None
+
+
+def parse_spec(obj: Mapping[str, Any]) -> Spec:
+    """Parse and default a HimitsuSecret's spec; InvalidSpec names the first bad field."""
+    spec = _mapping(obj.get("spec"), "spec")
+    api_url = _required_str(spec, "apiUrl")
+    project_id = _uuid_field(spec, "projectId")
+    environment_id = _uuid_field(spec, "environmentId")
+    auth = _mapping(spec.get("authSecretRef"), "spec.authSecretRef")
+    auth_name = _required_str(auth, "name", "authSecretRef.name")
+    if not _DNS_SUBDOMAIN_RE.match(auth_name) or len(auth_name) > 253:
+        raise InvalidSpec(f"authSecretRef.name {_show(auth_name)} is not a valid Secret name")
+    if "namespace" in auth and auth["namespace"] not in (None, "", _namespace(obj)):
+        raise InvalidSpec(
+            "authSecretRef.namespace is not supported: the token Secret must live in the "
+            "HimitsuSecret's own namespace"
+        )
+    auth_key = _optional_str(auth, "key", "authSecretRef.key") or "token"
+    if not _DATA_KEY_RE.match(auth_key):
+        raise InvalidSpec(f"authSecretRef.key {_show(auth_key)} is not a valid Secret data key")
+    interval_raw = spec.get("refreshInterval", "1m")
+    if not isinstance(interval_raw, str):
+        raise InvalidSpec("refreshInterval must be a string such as 1m")
+    refresh = parse_duration(interval_raw)
+    return Spec(
+        api_url=api_url, project_id=project_id, environment_id=environment_id,
+        auth_secret_name=auth_name, auth_secret_key=auth_key, refresh_interval=refresh,
+        target=_parse_target(_mapping(spec.get("target"), "spec.target")),
+    )
+
+
+def _parse_target(target: Mapping[str, Any]) -> Target:
+    name = _required_str(target, "name", "target.name")
+    if len(name) > 253 or not _DNS_SUBDOMAIN_RE.match(name):
+        raise InvalidSpec(
+            f"target.name {_show(name)} is not a valid Secret name (lowercase DNS subdomain)"
+        )
+    secret_type = _optional_str(target, "type", "target.type") or "Opaque"
+    if len(secret_type) > 253 or any(c.isspace() for c in secret_type):
+        raise InvalidSpec(f"target.type {_show(secret_type)} is not a valid Secret type")
+    policy = _optional_str(target, "creationPolicy", "target.creationPolicy") or "Owner"
+    if policy not in POLICIES:
+        raise InvalidSpec(f"target.creationPolicy {_show(policy)} must be Owner or Merge")
+    tpl = _mapping(target.get("template") or {}, "target.template")
+    fmt = _optional_str(tpl, "format", "target.template.format") or "KeyValue"
+    if fmt not in FORMATS:
+        raise InvalidSpec(f"target.template.format {_show(fmt)} must be KeyValue, Dotenv or Json")
+    key = _optional_str(tpl, "key", "target.template.key") or None
+    if key is not None and (key in (".", "..") or not _DATA_KEY_RE.match(key) or len(key) > 253):
+        raise InvalidSpec(f"target.template.key {_show(key)} is not a valid Secret data key")
+    template = Template(
+        format=fmt, key=key,
+        labels=_string_map(tpl.get("labels"), "target.template.labels"),
+        annotations=_string_map(tpl.get("annotations"), "target.template.annotations"),
+    )
+    return Target(name=name, type=secret_type, creation_policy=policy, template=template)
+
+
+def parse_status(obj: Mapping[str, Any]) -> Status:
+    """Read our own status back, leniently: a malformed status only costs a full fetch."""
+    raw = obj.get("status")
+    if not isinstance(raw, Mapping):
+        return Status()
+    ready = None
+    for cond in raw.get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            ready = Condition(
+                type="Ready", status=str(cond.get("status", "Unknown")),
+                reason=str(cond.get("reason", "")), message=str(cond.get("message", "")),
+                last_transition_time=str(cond.get("lastTransitionTime", "")),
+                observed_generation=_int_or_none(cond.get("observedGeneration")),
+            )
+    force = raw.get("lastForceSync")
+    last_sync = raw.get("lastSyncTime")
+    return Status(
+        config_version=_int_or_none(raw.get("configVersion")),
+        secret_count=_int_or_none(raw.get("secretCount")),
+        last_sync_time=last_sync if isinstance(last_sync, str) else None,
+        observed_generation=_int_or_none(raw.get("observedGeneration")),
+        last_force_sync=force if isinstance(force, str) else None,
+        ready=ready,
+    )
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Parse an RFC 3339 timestamp as Kubernetes writes it; None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def force_sync_value(obj: Mapping[str, Any]) -> str | None:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(ANN_FORCE_SYNC)
+    return value if isinstance(value, str) else None
+
+
+def _namespace(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("namespace") or "")
+
+
+def _show(value: str, limit: int = 64) -> str:
+    """Quote user input for a message, bounded, so a huge or odd value cannot flood a status."""
+    shown = value if len(value) <= limit else value[:limit] + "…"
+    return repr(shown)
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"{where} is missing or not an object")
+    return value
+
+
+def _required_str(obj: Mapping[str, Any], key: str, where: str | None = None) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidSpec(f"{where or key} is required")
+    return value.strip()
+
+
+def _optional_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidSpec(f"{where} must be a string")
+    return value.strip()
+
+
+def _uuid_field(obj: Mapping[str, Any], key: str) -> str:
+    value = _required_str(obj, key)
+    if not _UUID_RE.match(value):
+        raise InvalidSpec(f"{key} {_show(value)} is not a UUID; copy it from the Himitsu console")
+    return str(uuid.UUID(value))
+
+
+def _string_map(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InvalidSpec(f"{where} must map strings to strings")
+    return dict(value)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None

@@ -1,0 +1,258 @@
+"""``himitsu-controller``: flags in, a running Manager out.
+
+This is the only module that knows both layers: it builds the generic runtime
+(informers, controller, leader election, manager) and plugs the Himitsu reconciler into
+it. Bad flags and an unreachable cluster end in one clear line and a non-zero exit,
+never a traceback, because that line is what an operator sees in ``kubectl logs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from himitsu_controller import __version__, api, himitsu, kube, metrics
+from himitsu_controller import logging as hlogging
+from himitsu_controller.reconciler import HimitsuSecretReconciler
+from himitsu_controller.runtime import handler
+from himitsu_controller.runtime.controller import Controller
+from himitsu_controller.runtime.informer import Informer
+from himitsu_controller.runtime.kubeconfig import ConfigError, load_api_client
+from himitsu_controller.runtime.leaderelection import (
+    LeaderElectionConfig,
+    LeaderElector,
+    default_identity,
+)
+from himitsu_controller.runtime.manager import Manager
+from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
+
+log = structlog.get_logger(__name__)
+
+CONTROLLER_NAME = "himitsusecret"
+LEASE_NAME = "himitsu-operator.himitsu.io"
+TARGET_INDEX = "target"
+IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _duration(text: str) -> float:
+    try:
+        return api.parse_duration(text)
+    except api.InvalidSpec as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("refreshInterval", "duration")) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="himitsu-controller",
+        description="Sync Himitsu environments into Kubernetes Secrets (HimitsuSecret resources).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)")
+    p.add_argument("--namespace", default=None,
+                   help="watch only this namespace (a namespaced Role then suffices); "
+                        "default: all namespaces")
+    p.add_argument("--workers", type=_positive_int, default=4, help="concurrent reconciles")
+    le = p.add_argument_group("leader election")
+    le.add_argument("--leader-elect", action="store_true",
+                    help="elect a leader through a Lease; required with more than one replica")
+    le.add_argument("--leader-election-namespace", default=None,
+                    help="namespace of the Lease (default: the pod's namespace, "
+                         "'default' outside a cluster)")
+    le.add_argument("--leader-election-id", default=LEASE_NAME, help="name of the Lease")
+    le.add_argument("--leader-election-lease-duration", type=_duration, default=15.0,
+                    metavar="DURATION", help="how long a standby waits before taking over (s)")
+    le.add_argument("--leader-election-renew-deadline", type=_duration, default=10.0,
+                    metavar="DURATION", help="how long the leader retries renewing (s)")
+    le.add_argument("--leader-election-retry-period", type=_duration, default=2.0,
+                    metavar="DURATION", help="interval between acquire/renew attempts (s)")
+    ops = p.add_argument_group("serving and limits")
+    ops.add_argument("--metrics-bind-address", default=":8080",
+                     help="address for /metrics; '0' disables")
+    ops.add_argument("--health-probe-bind-address", default=":8081",
+                     help="address for /healthz and /readyz; '0' disables")
+    ops.add_argument("--graceful-shutdown-timeout", type=_duration, default=30.0,
+                     metavar="DURATION", help="bound on draining in-flight reconciles (s)")
+    ops.add_argument("--kube-api-qps", type=_positive_float, default=50.0,
+                     help="client-side request rate limit towards kube-apiserver")
+    ops.add_argument("--kube-api-burst", type=_positive_int, default=100,
+                     help="client-side burst towards kube-apiserver")
+    hm = p.add_argument_group("Himitsu API")
+    hm.add_argument("--allowed-api-urls", default="",
+                    help="comma-separated URL prefixes a HimitsuSecret's apiUrl must start with; "
+                         "empty allows any")
+    hm.add_argument("--himitsu-ca-file", default=None,
+                    help="CA bundle for a self-hosted Himitsu (REQUESTS_CA_BUNDLE is honoured too)")
+    lg = p.add_argument_group("logging")
+    lg.add_argument("--log-level", choices=hlogging.LEVELS, default="info")
+    lg.add_argument("--log-format", choices=hlogging.FORMATS, default="json")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    hlogging.configure(level=args.log_level, fmt=args.log_format)
+    if args.himitsu_ca_file and not os.path.isfile(args.himitsu_ca_file):
+        return _fatal(f"--himitsu-ca-file {args.himitsu_ca_file}: no such file")
+    try:
+        return run(args)
+    except ConfigError as exc:
+        return _fatal(str(exc))
+    except (ApiError, TransportError) as exc:
+        return _fatal(f"cannot reach the Kubernetes API: {exc}")
+
+
+def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int:
+    workers = args.workers
+    # Each watch holds a pooled connection for its life: two informers, workers, slack.
+    rest = RestClient(
+        load_api_client(args.kubeconfig, pool_maxsize=workers + 8),
+        qps=args.kube_api_qps, burst=args.kube_api_burst,
+        user_agent=f"himitsu-controller/{__version__}",
+    )
+    _check_reachable(rest, args.namespace)
+    hsecs = Informer(
+        rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
+        indexers={TARGET_INDEX: _target_index},
+    )
+    secrets = Informer(
+        rest, kube.SECRETS, namespace=args.namespace, name="secrets",
+        label_selector=f"{api.LABEL_MANAGED}=true",
+    )
+    client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request)
+    reconciler = HimitsuSecretReconciler(
+        kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store),
+        client, allowed_api_urls=args.allowed_api_urls.split(","),
+    )
+    ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=workers)
+    _wire_events(ctrl, hsecs, secrets)
+    manager = Manager(
+        metrics_bind_address=args.metrics_bind_address,
+        health_probe_bind_address=args.health_probe_bind_address,
+        leader_election=_leader_election(rest, args) if args.leader_elect else None,
+        graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+    )
+    manager.add_informer(hsecs)
+    manager.add_informer(secrets)
+    manager.add_controller(ctrl)
+    log.info("starting", version=__version__, namespace=args.namespace or "*",
+             leader_elect=args.leader_elect, workers=workers)
+    try:
+        return manager.run(stop)
+    finally:
+        client.close()
+
+
+def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
+    """Enqueue rules: spec changes and force-sync, and any event on a target Secret.
+
+    Status writes change neither generation nor annotations, so our own status patches
+    never trigger a reconcile. When a HimitsuSecret goes away, the others naming the same
+    target are woken: one of them may have lost a TargetConflict to it.
+    """
+    _attach(hsecs, handler.enqueue_for_object(
+        ctrl, update_predicate=handler.any_of(
+            handler.generation_changed, handler.annotation_changed(api.ANN_FORCE_SYNC)),
+    ))
+
+    def wake_rivals(obj: dict[str, Any]) -> None:
+        for key in _target_index(obj):
+            for rival in hsecs.store.by_index(TARGET_INDEX, key):
+                ctrl.enqueue(handler.object_key(rival))
+
+    hsecs.add_handler(on_delete=wake_rivals)
+
+    def claimants(secret: dict[str, Any]) -> list[str]:
+        meta = secret.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        return [handler.object_key(o) for o in hsecs.store.by_index(TARGET_INDEX, key)]
+
+    _attach(secrets, handler.enqueue_mapped(ctrl, claimants))
+
+
+def _attach(informer: Informer, handlers: handler.Handlers) -> None:
+    informer.add_handler(
+        on_add=handlers.on_add, on_update=handlers.on_update, on_delete=handlers.on_delete)
+
+
+def _target_index(obj: dict[str, Any]) -> list[str]:
+    namespace = (obj.get("metadata") or {}).get("namespace", "")
+    target = ((obj.get("spec") or {}).get("target") or {}).get("name")
+    return [f"{namespace}/{target}"] if isinstance(target, str) and target else []
+
+
+def _leader_election(rest: RestClient, args: argparse.Namespace) -> Any:
+    namespace = args.leader_election_namespace or _pod_namespace() or "default"
+    config = LeaderElectionConfig(
+        namespace=namespace, name=args.leader_election_id, identity=default_identity(),
+        lease_duration=args.leader_election_lease_duration,
+        renew_deadline=args.leader_election_renew_deadline,
+        retry_period=args.leader_election_retry_period,
+    )
+    if not config.lease_duration > config.renew_deadline > config.retry_period:
+        raise ConfigError("leader election needs lease-duration > renew-deadline > retry-period")
+
+    def factory(on_started: Any, on_stopped: Any) -> LeaderElector:
+        return LeaderElector(rest, config, on_started_leading=on_started,
+                             on_stopped_leading=on_stopped)
+
+    return factory
+
+
+def _pod_namespace() -> str | None:
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        with open(IN_CLUSTER_NAMESPACE_FILE, encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def _check_reachable(rest: RestClient, namespace: str | None) -> None:
+    """Fail fast with one line when the cluster or our CRD is not there."""
+    path = kube.HIMITSU_SECRETS.path(namespace)
+    try:
+        rest.request("GET", path, query={"limit": 1}, timeout=15.0)
+    except ApiError as exc:
+        if exc.status == 404:
+            raise ConfigError(
+                "the HimitsuSecret CRD is not installed: "
+                "kubectl apply -f deploy/crd/himitsu.io_himitsusecrets.yaml") from None
+        raise
+
+
+def _fatal(message: str) -> int:
+    print(f"himitsu-controller: error: {message}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

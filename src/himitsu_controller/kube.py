@@ -1,0 +1,177 @@
+"""The reconciler's Kubernetes port, on the official client through the runtime's REST layer.
+
+Reads come from informer caches wherever they can, because the steady-state promise is
+one apiserver request per poll (the status patch): the HimitsuSecret from its informer,
+the target from the Secret informer (which only sees Secrets labelled
+``himitsu.io/managed=true``), and the token from a small cache that is re-read at most
+every five minutes, and at once after Himitsu rejects it. Anything not in a cache (a
+target not yet adopted, a deleted one, the token Secret) is read directly.
+
+Secrets are only ever read in the HimitsuSecret's own namespace: RBAC cannot narrow a
+ClusterRole's Secret access, so the code has to.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from himitsu_controller import api
+from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
+from himitsu_controller.runtime.rest import ApiError, Resource, RestClient
+
+SECRETS = Resource("", "v1", "secrets")
+EVENTS = Resource("", "v1", "events")
+HIMITSU_SECRETS = Resource(api.GROUP, api.VERSION, api.PLURAL)
+
+TOKEN_TTL = 300.0
+COMPONENT = "himitsu-operator"
+_SHOWN_MESSAGE = 300
+
+
+class Store(Protocol):
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+
+class KubeClient:
+    def __init__(
+        self, rest: RestClient, *, himitsu_secrets: Store, secrets: Store,
+        token_ttl: float = TOKEN_TTL, clock: Callable[[], float] = time.monotonic,
+        instance: str | None = None,
+    ) -> None:
+        self._rest = rest
+        self._hsecs = himitsu_secrets
+        self._secrets = secrets
+        self._token_ttl = token_ttl
+        self._clock = clock
+        self._instance = instance or socket.gethostname()
+        self._tokens: dict[tuple[str, str, str], tuple[float, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._hsecs.get(f"{namespace}/{name}")
+
+    def get_secret(
+        self, namespace: str, name: str, *, fresh: bool = False,
+    ) -> dict[str, Any] | None:
+        if not fresh:
+            cached = self._secrets.get(f"{namespace}/{name}")
+            if cached is not None:
+                return cached
+        try:
+            return self._rest.request("GET", SECRETS.path(namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise _kube_error(exc, f"reading Secret {name!r}") from None
+
+    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        ident = (namespace, name, key)
+        now = self._clock()
+        with self._lock:
+            hit = self._tokens.get(ident)
+        if hit is not None and now - hit[0] < self._token_ttl:
+            return hit[1]
+        secret = self.get_secret(namespace, name, fresh=True)
+        if secret is None:
+            raise SecretNotFound(name)
+        encoded = (secret.get("data") or {}).get(key)
+        if encoded is None:
+            return None
+        try:
+            value = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            return b""
+        with self._lock:
+            self._tokens[ident] = (now, value)
+        return value
+
+    def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
+        with self._lock:
+            self._tokens.pop((namespace, name, key), None)
+
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        clean = _without_server_fields(body)
+        try:
+            return self._rest.request("POST", SECRETS.path(namespace), body=clean)
+        except ApiError as exc:
+            if exc.status == 409:
+                raise Conflict(f"Secret {name!r} already exists", status=409) from None
+            raise _kube_error(exc, f"creating Secret {name!r}") from None
+
+    def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        try:
+            return self._rest.request("PUT", SECRETS.path(namespace, name), body=body)
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                raise Conflict(f"Secret {name!r} changed while writing", status=409) from None
+            raise _kube_error(exc, f"updating Secret {name!r}") from None
+
+    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        try:
+            self._rest.request("DELETE", SECRETS.path(namespace, name), body=body)
+        except ApiError as exc:
+            if exc.status == 404:
+                return
+            if exc.status == 409:
+                raise Conflict(f"Secret {name!r} was replaced", status=409) from None
+            raise _kube_error(exc, f"deleting Secret {name!r}") from None
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            self._rest.request(
+                "PATCH", HIMITSU_SECRETS.path(namespace, name, "status"),
+                body={"status": status}, content_type="application/merge-patch+json",
+            )
+        except ApiError as exc:
+            raise _kube_error(exc, f"updating status of HimitsuSecret {name!r}") from None
+
+    def record_event(
+        self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,
+    ) -> None:
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace", ""))
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'himitsusecret')}.",
+                         "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": api.API_VERSION, "kind": api.KIND, "namespace": namespace,
+                "name": meta.get("name"), "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type, "reason": reason, "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": f"{api.GROUP}/{COMPONENT}",
+            "reportingInstance": self._instance[:128],
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self._rest.request("POST", EVENTS.path(namespace), body=event)
+        except ApiError as exc:
+            raise _kube_error(exc, "recording an Event") from None
+
+
+def _kube_error(exc: ApiError, doing: str) -> KubeError:
+    """A safe, actionable message: status and reason, plus the apiserver's own text for
+    denials and validation errors (they name fields and keys, never Secret values)."""
+    text = f"{doing} failed: {exc.status} {exc.reason or 'error'}".rstrip()
+    if exc.status in (403, 422) and exc.message:
+        text += f": {str(exc.message)[:_SHOWN_MESSAGE]}"
+    return KubeError(text, status=exc.status, reason=exc.reason or "")
+
+
+def _without_server_fields(body: dict[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in (body.get("metadata") or {}).items()
+            if k not in ("resourceVersion", "uid", "creationTimestamp", "managedFields")}
+    return {**body, "metadata": meta}

@@ -1,0 +1,408 @@
+"""The idempotent reconcile of one HimitsuSecret: fetch-or-304, render, write, status.
+
+It talks to Kubernetes only through the small ``Kube`` protocol below (implemented on
+the official client by ``kube.py``) and to Himitsu through ``Fetcher`` (the API client,
+or the shared poller in front of it), so every rule can be proven without a cluster.
+
+Two promises shape the code. A conditional request is sent only when the target still
+holds exactly what we wrote for this spec, or a 304 would confirm data that is not
+there. And no failure ever empties or shrinks a target: every failure path raises
+``_Failure`` before any write, and only the status is touched.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import structlog
+
+from himitsu_controller import api, himitsu, metrics, render, targets
+from himitsu_controller.runtime.controller import Result
+from himitsu_controller.status import StatusWriter
+
+log = structlog.get_logger(__name__)
+
+MAX_FAILURE_BACKOFF = 300.0
+CONFLICT_REQUEUE = 0.5
+
+
+class KubeError(Exception):
+    """A Kubernetes write or read failed; ``str()`` is safe to show (no object data)."""
+
+    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class Conflict(KubeError):
+    """409: someone else wrote first; the reconcile is simply retried."""
+
+
+class SecretNotFound(Exception):
+    """The Secret named by authSecretRef does not exist."""
+
+
+class Kube(Protocol):
+    def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get_secret(
+        self, namespace: str, name: str, *, fresh: bool = False,
+    ) -> dict[str, Any] | None: ...
+    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None: ...
+    def forget_secret_value(self, namespace: str, name: str, key: str) -> None: ...
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None: ...
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
+    def record_event(
+        self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,
+    ) -> None: ...
+
+
+class Fetcher(Protocol):
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None,
+    ) -> himitsu.FetchResult: ...
+
+
+class _Failure(Exception):
+    def __init__(self, reason: str, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+
+class _Requeue(Exception):
+    """Lost an optimistic-concurrency race: try again promptly, report nothing."""
+
+
+@dataclass
+class _Memory:
+    """What this process last wrote for one HimitsuSecret (client-go's "expectations").
+
+    The informer caches lag behind our own writes; trusting them right after a write
+    would cause a spurious full fetch (stale status) or a second write (stale target).
+    """
+
+    uid: str
+    target_rv: str | None = None
+    failures: int = 0
+
+
+@dataclass(frozen=True)
+class _Context:
+    key: str
+    obj: dict[str, Any]
+    owner: targets.Owner
+    generation: int
+    status: api.Status
+
+
+class HimitsuSecretReconciler:
+    def __init__(
+        self, kube: Kube, fetcher: Fetcher, *, allowed_api_urls: Sequence[str] = (),
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._kube = kube
+        self._fetcher = fetcher
+        self._allowed = [u.strip() for u in allowed_api_urls if u.strip()]
+        self._now = now
+        self._rng = rng
+        self._status = StatusWriter(kube, now=now)
+        self._memory: dict[str, _Memory] = {}
+        self._lock = threading.Lock()
+
+    def reconcile(self, key: str) -> Result:
+        namespace, _, name = key.partition("/")
+        obj = self._kube.get_himitsu_secret(namespace, name)
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self._forget(key)
+            return Result()
+        meta = obj["metadata"]
+        ctx = _Context(
+            key=key, obj=obj, generation=int(meta.get("generation") or 0),
+            owner=targets.Owner(namespace=namespace, name=name, uid=str(meta.get("uid", ""))),
+            status=self._status.effective(key, obj),
+        )
+        spec: api.Spec | None = None
+        try:
+            spec = api.parse_spec(obj)
+            self._check_api_url(spec)
+            return self._sync(ctx, spec)
+        except api.InvalidSpec as exc:
+            return self._failed(ctx, spec, _Failure("InvalidSpec", str(exc)))
+        except _Failure as failure:
+            return self._failed(ctx, spec, failure)
+        except _Requeue:
+            return Result(requeue_after=CONFLICT_REQUEUE)
+
+    # -- the happy path -------------------------------------------------------------
+
+    def _sync(self, ctx: _Context, spec: api.Spec) -> Result:
+        mem = self._remember(ctx)
+        deferred = self._defer_after_restart(ctx, spec, mem)
+        if deferred is not None:
+            return deferred
+        token = self._token(ctx.owner.namespace, spec)
+        target = self._read_target(ctx, spec, mem)
+        try:
+            targets.check_ownership(
+                target, owner=ctx.owner, policy=spec.target.creation_policy,
+                himitsu_secret_exists=lambda n: self._kube.get_himitsu_secret(
+                    ctx.owner.namespace, n) is not None,
+            )
+        except targets.TargetConflict as exc:
+            raise _Failure("TargetConflict", str(exc)) from None
+        known = self._known_version(ctx, spec, target)
+        result = self._fetch(ctx, spec, token, known)
+        if isinstance(result, himitsu.NotModified):
+            written = False
+            count = ctx.status.secret_count
+            metrics.count_sync("not_modified")
+        else:
+            rendered = self._render(spec, result.secrets)
+            written = self._write(
+                ctx, spec, mem, target=target, rendered=rendered, version=result.version)
+            count = len(result.secrets)
+            metrics.count_sync("written" if written else "unchanged")
+        try:
+            self._status.synced(
+                ctx.key, ctx.obj, version=result.version, secret_count=count or 0,
+                generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
+                data_changed=written, target=spec.target.name,
+            )
+        except KubeError as exc:
+            raise _Failure("WriteFailure", str(exc)) from None
+        mem.failures = 0
+        return Result(requeue_after=self._next_poll(spec.refresh_interval))
+
+    def _known_version(
+        self, ctx: _Context, spec: api.Spec, target: dict[str, Any] | None,
+    ) -> int | None:
+        """The version to send in If-None-Match, or None when a full fetch is required."""
+        status = ctx.status
+        if status.observed_generation != ctx.generation:
+            return None  # the spec changed since the status was written
+        if api.force_sync_value(ctx.obj) != status.last_force_sync:
+            return None  # a user asked for a full fetch
+        if not targets.is_consistent(
+            target, owner=ctx.owner, spec=spec, version=status.config_version,
+        ):
+            return None  # missing, edited, or written for another source
+        return status.config_version
+
+    def _defer_after_restart(
+        self, ctx: _Context, spec: api.Spec, mem: _Memory,
+    ) -> Result | None:
+        """First reconcile in this process of a healthy object: wait for its next poll.
+
+        Without this every restart would poll every HimitsuSecret at once.
+        """
+        if mem.target_rv is not None or mem.failures or spec.refresh_interval <= 0:
+            return None
+        status = ctx.status
+        last = api.parse_time(status.last_sync_time)
+        if (status.ready is None or status.ready.status != "True" or last is None
+                or status.observed_generation != ctx.generation
+                or api.force_sync_value(ctx.obj) != status.last_force_sync):
+            return None
+        remaining = last.timestamp() + spec.refresh_interval - self._now().timestamp()
+        if remaining <= 0:
+            return None
+        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
+        if not targets.is_consistent(
+            target, owner=ctx.owner, spec=spec, version=status.config_version,
+        ):
+            return None
+        mem.target_rv = _rv(target)
+        return Result(requeue_after=remaining)
+
+    def _read_target(
+        self, ctx: _Context, spec: api.Spec, mem: _Memory,
+    ) -> dict[str, Any] | None:
+        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
+        if mem.target_rv is not None and _rv(target) != mem.target_rv:
+            # The cache disagrees with our last write: it lags, or someone else wrote.
+            # One direct read tells which, instead of a needless full fetch and rewrite.
+            target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
+        return target
+
+    def _token(self, namespace: str, spec: api.Spec) -> str:
+        name, key = spec.auth_secret_name, spec.auth_secret_key
+        try:
+            raw = self._kube.read_secret_value(namespace, name, key)
+        except SecretNotFound:
+            raise _Failure("AuthenticationFailure", (
+                f"token Secret {name!r} not found in namespace {namespace!r}; create it with "
+                f"kubectl -n {namespace} create secret generic {name} --from-literal={key}=<token>"
+            )) from None
+        except KubeError as exc:
+            raise _Failure("AuthenticationFailure",
+                           f"reading token Secret {name!r} failed: {exc}") from None
+        if raw is None:
+            raise _Failure("AuthenticationFailure", (
+                f"token Secret {name!r} has no key {key!r}; add it or set authSecretRef.key"
+            ))
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            text = ""
+        if not text:
+            self._kube.forget_secret_value(namespace, name, key)
+            raise _Failure("AuthenticationFailure",
+                           f"key {key!r} of token Secret {name!r} is empty or not text")
+        try:
+            return himitsu.validate_token(text)
+        except himitsu.InvalidToken as exc:
+            self._kube.forget_secret_value(namespace, name, key)
+            raise _Failure("AuthenticationFailure",
+                           f"token in Secret {name!r} key {key!r}: {exc}") from None
+
+    def _fetch(
+        self, ctx: _Context, spec: api.Spec, token: str, known: int | None,
+    ) -> himitsu.FetchResult:
+        try:
+            result = self._fetcher.fetch(
+                api_url=spec.api_url, project_id=spec.project_id,
+                environment_id=spec.environment_id, token=token, known_version=known,
+            )
+        except (himitsu.Unauthorized, himitsu.Forbidden) as exc:
+            self._kube.forget_secret_value(
+                ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
+            raise _Failure("AuthenticationFailure", str(exc)) from None
+        except (himitsu.BadRequest, himitsu.InvalidInput) as exc:
+            raise _Failure("InvalidSpec", str(exc)) from None
+        except himitsu.RateLimited as exc:
+            delay = max(1.0, float(exc.retry_after))
+            raise _Failure("FetchFailure", (
+                f"rate limited by the Himitsu API, retrying in {round(delay)} s"
+            ), retry_after=delay) from None
+        except himitsu.HimitsuError as exc:
+            raise _Failure("FetchFailure", str(exc)) from None
+        if isinstance(result, himitsu.NotModified) and known is None:
+            raise _Failure("FetchFailure",
+                           "the Himitsu API answered 304 to an unconditional request")
+        return result
+
+    def _render(self, spec: api.Spec, secrets: Mapping[str, str]) -> dict[str, str]:
+        tpl = spec.target.template
+        try:
+            return render.render(tpl.format, secrets, key=tpl.data_key)
+        except render.RenderError as exc:
+            raise _Failure("InvalidSpec", str(exc)) from None
+
+    def _write(
+        self, ctx: _Context, spec: api.Spec, mem: _Memory, *, target: dict[str, Any] | None,
+        rendered: dict[str, str], version: int,
+    ) -> bool:
+        ns = ctx.owner.namespace
+        try:
+            desired = targets.desired_secret(
+                target, owner=ctx.owner, spec=spec, rendered=rendered, version=version)
+        except targets.TargetConflict as exc:
+            raise _Failure("TargetConflict", str(exc)) from None
+        try:
+            if target is not None and target.get("type", "Opaque") != spec.target.type:
+                if spec.target.creation_policy == "Merge":
+                    raise _Failure("InvalidSpec", (
+                        f"target.type {spec.target.type!r} differs from the existing Secret's type "
+                        f"{target.get('type', 'Opaque')!r}; Secret types are immutable and a Merge "
+                        "target is not ours to recreate"
+                    ))
+                self._kube.delete_secret(ns, spec.target.name, uid=_uid(target))
+                target = None
+                desired = targets.desired_secret(
+                    None, owner=ctx.owner, spec=spec, rendered=rendered, version=version)
+            if target is None:
+                written = self._kube.create_secret(ns, desired)
+                metrics.count_write("create")
+            elif targets.same_content(target, desired):
+                mem.target_rv = _rv(target)
+                return False
+            else:
+                written = self._kube.update_secret(ns, desired)
+                metrics.count_write("update")
+        except Conflict:
+            mem.target_rv = None
+            raise _Requeue() from None
+        except KubeError as exc:
+            raise _Failure("WriteFailure",
+                           f"writing Secret {spec.target.name!r} failed: {exc}") from None
+        mem.target_rv = _rv(written)
+        return True
+
+    # -- failures and timing ----------------------------------------------------------
+
+    def _failed(self, ctx: _Context, spec: api.Spec | None, failure: _Failure) -> Result:
+        mem = self._remember(ctx)
+        mem.failures += 1
+        metrics.count_sync("failed", failure.reason)
+        log.info("sync failed", key=ctx.key, reason=failure.reason, message=failure.message)
+        try:
+            self._status.failed(
+                ctx.key, ctx.obj, reason=failure.reason, message=failure.message,
+                generation=ctx.generation,
+            )
+        except KubeError as exc:
+            log.warning("status update failed", key=ctx.key, error=str(exc))
+        interval = spec.refresh_interval if spec is not None else 0.0
+        delay = failure.retry_after or self._backoff(mem.failures, interval)
+        return Result(requeue_after=delay, error=failure.reason)
+
+    def _backoff(self, failures: int, interval: float) -> float:
+        cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF
+        return float(min(2.0 ** min(failures - 1, 30), max(cap, 1.0)))
+
+    def _next_poll(self, interval: float) -> float | None:
+        if interval <= 0:
+            return None
+        return interval - self._rng() * 0.1 * interval
+
+    def _check_api_url(self, spec: api.Spec) -> None:
+        try:
+            url = himitsu.validate_api_url(spec.api_url)
+        except himitsu.HimitsuError as exc:
+            raise _Failure("InvalidSpec", str(exc)) from None
+        if self._allowed and not any(_under_prefix(url, p) for p in self._allowed):
+            raise _Failure("InvalidSpec", (
+                f"apiUrl {spec.api_url[:100]!r} is not in the operator's --allowed-api-urls; "
+                "ask the cluster administrator to allow it"
+            ))
+
+    def _remember(self, ctx: _Context) -> _Memory:
+        with self._lock:
+            mem = self._memory.get(ctx.key)
+            if mem is None or mem.uid != ctx.owner.uid:
+                mem = self._memory[ctx.key] = _Memory(uid=ctx.owner.uid)
+            return mem
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._memory.pop(key, None)
+        self._status.forget(key)
+
+
+def _under_prefix(url: str, prefix: str) -> bool:
+    """Prefix match on URL boundaries: ``https://a.example`` must not allow ``https://a.example.evil``."""
+    base = prefix.rstrip("/")
+    return url == base or url.startswith(base + "/")
+
+
+def _rv(obj: Mapping[str, Any] | None) -> str | None:
+    if not obj:
+        return None
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(value) if value else None
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))
+

@@ -1,0 +1,256 @@
+"""Render a Himitsu environment into the ``data`` of a Kubernetes Secret.
+
+Why a module of its own, and why pure functions: rendering decides what bytes land in
+the Secret, so it must be deterministic (an unchanged environment must produce
+byte-identical data, or every poll would churn the Secret's resourceVersion) and it must
+fail *before* anything is written when the input cannot be represented faithfully. The
+contract prefers a loud ``Ready=False`` over a Secret that is quietly missing entries or
+reads back differently. Keeping it free of I/O lets the tests prove those properties
+exhaustively (hypothesis round trips) instead of by example.
+
+Formats:
+
+* ``KeyValue``: one data entry per Himitsu key (what ``envFrom`` consumes). Kubernetes
+  only accepts ``[A-Za-z0-9._-]`` data keys, so anything else is refused.
+* ``Dotenv``: one data key holding ``KEY="value"`` lines, sorted by key. Escaping is the
+  minimal set python-dotenv (1.x) decodes inside double quotes: backslash, double
+  quote, newline and carriage return. Newlines and carriage returns are escaped rather
+  than written raw because a file read in text mode (the usual ``dotenv_values(path)``)
+  translates a raw ``\\r`` into ``\\n``. Everything else (tabs, ``$``, ``#``, ``'``,
+  unicode) is written as is: more dotenv parsers agree on a literal character than on
+  an escape sequence. ``$`` cannot be protected from python-dotenv's ``${VAR}``
+  expansion (it has no escape for it), so consumers must read with
+  ``interpolate=False``.
+* ``Json``: one data key holding a sorted, indented JSON object (see ``_render_json``).
+
+Error messages name keys (quoted with ``repr`` escaping, truncated) and never a value:
+they end up in status conditions and Events.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "FORMATS",
+    "MAX_SECRET_BYTES",
+    "RenderError",
+    "data_hash",
+    "data_size",
+    "default_key",
+    "render",
+    "valid_data_key",
+]
+
+# Kubernetes' MaxSecretSize: the apiserver sums the decoded length of every value (keys
+# are not counted) and refuses the Secret when the total is strictly greater.
+MAX_SECRET_BYTES = 1024 * 1024
+
+FORMATS = ("KeyValue", "Dotenv", "Json")
+_DEFAULT_KEYS: dict[str, str | None] = {"KeyValue": None, "Dotenv": ".env", "Json": "config.json"}
+
+# apimachinery's IsConfigMapKey, which Secret validation uses.
+_DATA_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
+_DATA_KEY_MAX = 253  # DNS1123SubdomainMaxLength
+
+# Characters that change how a dotenv line parses when they appear in a key: `=` ends
+# the key, `#` starts a comment, a leading quote makes it a quoted key, and quotes or a
+# backslash mean something different to other dotenv implementations. Whitespace and
+# control/format characters are refused via str.isprintable() below.
+_DOTENV_KEY_FORBIDDEN = frozenset("=#'\"\\`")
+_DOTENV_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"})
+
+_NAMED_KEYS = 3  # how many offending keys an error message names
+_KEY_PREVIEW = 64  # characters of a key shown in an error message
+
+
+class RenderError(ValueError):
+    """The secrets cannot be rendered faithfully in the requested format.
+
+    The message names offending keys (never values) and says what to do; ``keys`` holds
+    the offending keys for callers that want them (empty for size or format errors).
+    """
+
+    def __init__(self, message: str, *, keys: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.keys: tuple[str, ...] = tuple(keys)
+
+
+def default_key(fmt: str) -> str | None:
+    """The data key a single-blob format writes to when the spec names none."""
+    _check_format(fmt)
+    return _DEFAULT_KEYS[fmt]
+
+
+def valid_data_key(k: str) -> bool:
+    """Whether Kubernetes accepts ``k`` as a Secret (or ConfigMap) data key."""
+    return (
+        0 < len(k) <= _DATA_KEY_MAX
+        and _DATA_KEY_RE.fullmatch(k) is not None
+        and k not in (".", "..")
+        and not k.startswith("..")
+    )
+
+
+def render(fmt: str, secrets: Mapping[str, str], *, key: str | None = None) -> dict[str, str]:
+    """Render ``secrets`` as Secret ``data``: ``{data key: base64 of the UTF-8 bytes}``.
+
+    ``key`` is the data key of the Dotenv and Json formats (default ``default_key(fmt)``)
+    and is ignored for KeyValue. Raises RenderError when the result would not read back
+    as ``secrets`` or would exceed the Kubernetes Secret size limit.
+    """
+    _check_format(fmt)
+    encoded = _encode_all(secrets)
+    raw: dict[str, bytes]
+    if fmt == "KeyValue":
+        _check_keyvalue_keys(secrets)
+        raw = encoded
+    else:
+        blob_key = key if key is not None else _DEFAULT_KEYS[fmt]
+        assert blob_key is not None  # every single-blob format has a default
+        if not valid_data_key(blob_key):
+            raise RenderError(
+                f"template key {_quote(blob_key)} is not a valid Kubernetes Secret data key "
+                f"({_DATA_KEY_RULE}); set target.template.key to a valid one",
+                keys=[blob_key],
+            )
+        text = _render_dotenv(secrets) if fmt == "Dotenv" else _render_json(secrets)
+        raw = {blob_key: text.encode("utf-8")}
+    size = sum(len(v) for v in raw.values())
+    if size > MAX_SECRET_BYTES:
+        raise RenderError(
+            f"rendered Secret data is {size} bytes, over the 1 MiB ({MAX_SECRET_BYTES} bytes) "
+            "Kubernetes Secret limit; move some secrets out of this Himitsu environment"
+        )
+    return {k: base64.b64encode(v).decode("ascii") for k, v in sorted(raw.items())}
+
+
+def data_hash(data: Mapping[str, str]) -> str:
+    """A stable sha256 hex digest of Secret ``data`` (base64 values, as stored).
+
+    The digest is over the JSON text (ASCII, compact) of the list of ``[key, value]``
+    pairs sorted by key: unambiguous for any strings and independent of mapping order.
+    The encoding is part of the contract (hashes may be recorded on objects), so a
+    known-answer test pins it.
+    """
+    pairs = sorted(data.items())
+    canonical = json.dumps(pairs, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def data_size(data: Mapping[str, str]) -> int:
+    """Total decoded byte size of Secret ``data``, as the apiserver counts it (values only).
+
+    Raises ValueError (binascii.Error) if a value is not valid base64.
+    """
+    return sum(len(base64.b64decode(v, validate=True)) for v in data.values())
+
+
+# --- helpers -------------------------------------------------------------------------
+
+_DATA_KEY_RULE = (
+    "only A-Z a-z 0-9 . _ - are allowed, at most 253 characters, not '.' or '..' "
+    "and not starting with '..'"
+)
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in _DEFAULT_KEYS:
+        raise RenderError(f"unknown template format {_quote(fmt)}; use KeyValue, Dotenv or Json")
+
+
+def _quote(key: str) -> str:
+    """repr() of a key, truncated: safe to put in a status message whatever it holds."""
+    if len(key) > _KEY_PREVIEW:
+        return repr(key[:_KEY_PREVIEW]) + "..."
+    return repr(key)
+
+
+def _name_keys(bad: Iterable[str]) -> tuple[str, list[str]]:
+    """Describe offending keys: the first few in sorted order, and how many there are."""
+    ordered = sorted(bad)
+    named = ", ".join(_quote(k) for k in ordered[:_NAMED_KEYS])
+    if len(ordered) > _NAMED_KEYS:
+        named += f" and {len(ordered) - _NAMED_KEYS} more"
+    noun = "key" if len(ordered) == 1 else f"{len(ordered)} keys"
+    return f"{noun} {named}", ordered
+
+
+def _raise_for(bad: Iterable[str], problem: str) -> None:
+    bad = list(bad)
+    if bad:
+        described, ordered = _name_keys(bad)
+        raise RenderError(f"{described}: {problem}", keys=ordered)
+
+
+def _encode_all(secrets: Mapping[str, str]) -> dict[str, bytes]:
+    """UTF-8 encode every value, refusing keys or values that are not valid Unicode text.
+
+    A lone surrogate (JSON allows ``"\\ud800"``) has no UTF-8 form. The error is raised
+    outside any ``except`` block so no UnicodeEncodeError, which quotes the text,
+    is chained onto it.
+    """
+    encoded: dict[str, bytes] = {}
+    bad: list[str] = []
+    for k, v in secrets.items():
+        k_ok = _utf8(k) is not None
+        value = _utf8(v)
+        if not k_ok or value is None:
+            bad.append(k)
+        else:
+            encoded[k] = value
+    _raise_for(
+        bad,
+        "key or value is not valid Unicode text (contains a lone surrogate) and "
+        "cannot be stored; fix the secret in Himitsu",
+    )
+    return encoded
+
+
+def _utf8(text: str) -> bytes | None:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
+def _check_keyvalue_keys(secrets: Mapping[str, str]) -> None:
+    _raise_for(
+        (k for k in secrets if not valid_data_key(k)),
+        f"cannot be a Kubernetes Secret data key ({_DATA_KEY_RULE}); "
+        "use template format Dotenv or Json for such keys",
+    )
+
+
+def _valid_dotenv_key(k: str) -> bool:
+    # isprintable() is False for whitespace other than ' ', control and format
+    # characters; ' ' itself would end the key.
+    return bool(k) and k.isprintable() and " " not in k and _DOTENV_KEY_FORBIDDEN.isdisjoint(k)
+
+
+def _render_dotenv(secrets: Mapping[str, str]) -> str:
+    _raise_for(
+        (k for k in secrets if not _valid_dotenv_key(k)),
+        "cannot be written as a dotenv key (no whitespace, control characters, "
+        "= # quotes ` or backslash); use template format Json for such keys",
+    )
+    # No environment variable can hold NUL (execve takes C strings); load_dotenv raises
+    # on it. Refuse rather than hand consumers a file that breaks at startup.
+    _raise_for(
+        (k for k, v in secrets.items() if "\0" in v),
+        "value contains a NUL character, which no environment variable can hold; "
+        "use template format Json or KeyValue",
+    )
+    return "".join(f'{k}="{secrets[k].translate(_DOTENV_ESCAPES)}"\n' for k in sorted(secrets))
+
+
+def _render_json(secrets: Mapping[str, str]) -> str:
+    # Indented rather than compact: the blob is a config file people inspect with
+    # `kubectl get secret ... | base64 -d` and diff line by line; the indentation costs
+    # a few bytes per key, negligible against the values under the 1 MiB limit.
+    # ensure_ascii=False keeps unicode readable (control characters are still escaped).
+    return json.dumps(dict(secrets), sort_keys=True, ensure_ascii=False, indent=2)

@@ -1,0 +1,140 @@
+"""HimitsuSecret status: the Ready condition, its Events, and what we last wrote.
+
+Status is how users see the operator (``kubectl get hsec``, ``describe``), so it follows
+Kubernetes conventions: lastTransitionTime moves only when Ready flips, one Event per
+transition rather than one per poll, and a status that would not change is not written.
+
+The writer also remembers the status it last patched for each object. The informer's
+copy of a HimitsuSecret lags behind our own patch; reading the stale copy would make the
+next reconcile think the target disagrees with status and force a needless full fetch.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from himitsu_controller import api, metrics
+
+if TYPE_CHECKING:
+    from himitsu_controller.reconciler import Kube
+
+log = structlog.get_logger(__name__)
+
+MAX_MESSAGE = 1024
+
+
+class StatusWriter:
+    def __init__(self, kube: Kube, *, now: Callable[[], datetime]) -> None:
+        self._kube = kube
+        self._now = now
+        self._written: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def effective(self, key: str, obj: Mapping[str, Any]) -> api.Status:
+        """The freshest status we know: our own last write, else the cached object's."""
+        return api.parse_status({"status": self._current(key, obj)})
+
+    def synced(
+        self, key: str, obj: Mapping[str, Any], *, version: int, secret_count: int,
+        generation: int, force_sync: str | None, data_changed: bool, target: str,
+    ) -> None:
+        previous = self._current(key, obj)
+        status = dict(previous)
+        status.update({
+            "configVersion": version, "secretCount": secret_count,
+            "lastSyncTime": self._timestamp(), "observedGeneration": generation,
+        })
+        status["lastForceSync"] = force_sync
+        message = f"Secret {target!r} holds {secret_count} keys at config version {version}"
+        was_ready = _ready_status(previous) == "True"
+        status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
+        self._write(key, obj, status)
+        if data_changed:
+            self._event(obj, "Normal", "Synced", (
+                f"Wrote {secret_count} keys at config version {version} to Secret {target!r}"
+            ))
+        elif not was_ready:
+            self._event(obj, "Normal", "Synced", message)
+
+    def failed(
+        self, key: str, obj: Mapping[str, Any], *, reason: str, message: str, generation: int,
+    ) -> None:
+        previous = self._current(key, obj)
+        status = dict(previous)
+        status["conditions"] = [self._ready("False", reason, message, previous, generation)]
+        transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
+        if status != previous:
+            self._write(key, obj, status)
+        if transition:
+            self._event(obj, "Warning", reason, message)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._written.pop(key, None)
+        namespace, _, name = key.partition("/")
+        metrics.forget_ready(namespace, name)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _current(self, key: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            remembered = self._written.get(key)
+        if remembered is not None and remembered[0] == uid:
+            return copy.deepcopy(remembered[1])
+        raw = obj.get("status")
+        return copy.deepcopy(dict(raw)) if isinstance(raw, Mapping) else {}
+
+    def _ready(
+        self, state: str, reason: str, message: str, previous: Mapping[str, Any], generation: int,
+    ) -> dict[str, Any]:
+        since = _ready_field(previous, "lastTransitionTime")
+        if _ready_status(previous) != state or not since:
+            since = self._timestamp()
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 1] + "…"
+        return api.Condition(
+            type="Ready", status=state, reason=reason, message=message,
+            last_transition_time=str(since), observed_generation=generation,
+        ).to_dict()
+
+    def _write(self, key: str, obj: Mapping[str, Any], status: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        self._kube.patch_status(namespace, name, status)
+        stored = {k: v for k, v in status.items() if v is not None}
+        with self._lock:
+            self._written[key] = (str(meta.get("uid", "")), stored)
+        metrics.set_ready(namespace, name, _ready_status(stored) == "True")
+
+    def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        try:
+            self._kube.record_event(obj, type=kind, reason=reason, message=message)
+        except Exception as exc:  # an Event is best effort; never fail a sync over one
+            log.warning("recording event failed", reason=reason, error=type(exc).__name__)
+
+    def _timestamp(self) -> str:
+        return self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ready_field(status: Mapping[str, Any], name: str) -> Any:
+    for cond in status.get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            return cond.get(name)
+    return None
+
+
+def _ready_status(status: Mapping[str, Any]) -> str | None:
+    value = _ready_field(status, "status")
+    return str(value) if value is not None else None
+
+
+def _ready_reason(status: Mapping[str, Any]) -> str | None:
+    value = _ready_field(status, "reason")
+    return str(value) if value is not None else None

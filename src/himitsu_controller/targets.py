@@ -1,0 +1,199 @@
+"""What the target Secret should look like, and whether the one we have can be trusted.
+
+Pure functions over raw Secret dicts, kept apart from the reconcile flow so the rules
+that protect users' data (who owns a Secret, which keys are ours, when a conditional
+request is safe) can be read and tested on their own.
+
+Ownership is recorded on the Secret itself (``himitsu.io/owned-by``), not only in an
+ownerReference, because Merge targets carry no ownerReference and the operator must
+still tell its keys from everyone else's after a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from himitsu_controller import api
+from himitsu_controller.render import data_hash
+
+
+class TargetConflict(Exception):
+    """The target belongs to someone else; the message says who, never any value."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The HimitsuSecret a target is written for: enough to stamp and reference it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def annotations(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not secret:
+        return {}
+    return (secret.get("metadata") or {}).get("annotations") or {}
+
+
+def labels(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not secret:
+        return {}
+    return (secret.get("metadata") or {}).get("labels") or {}
+
+
+def owned_by(secret: Mapping[str, Any] | None) -> str | None:
+    value = annotations(secret).get(api.ANN_OWNED_BY)
+    return value or None
+
+
+def managed_keys(secret: Mapping[str, Any] | None) -> list[str]:
+    raw = annotations(secret).get(api.ANN_MANAGED_KEYS, "")
+    return sorted({k for k in raw.split(",") if k})
+
+
+def check_ownership(
+    secret: Mapping[str, Any] | None, *, owner: Owner, policy: str,
+    himitsu_secret_exists: Callable[[str], bool],
+) -> None:
+    """Raise TargetConflict when writing ``secret`` would take it from its rightful owner."""
+    if secret is None:
+        return
+    name = (secret.get("metadata") or {}).get("name", "")
+    holder = owned_by(secret)
+    if holder and holder != owner.name and himitsu_secret_exists(holder):
+        raise TargetConflict(
+            f"Secret {name!r} is already managed by HimitsuSecret {holder!r}; "
+            "point this HimitsuSecret at another target or delete the other one"
+        )
+    if policy == "Owner" and not _created_by_operator(secret):
+        raise TargetConflict(
+            f"Secret {name!r} already exists and was not created by himitsu-operator; "
+            "creationPolicy Owner never adopts an existing Secret (use creationPolicy: Merge "
+            "to add keys to it, or delete it to let the operator create it)"
+        )
+
+
+def _created_by_operator(secret: Mapping[str, Any]) -> bool:
+    return labels(secret).get(api.LABEL_MANAGED) == "true" and owned_by(secret) is not None
+
+
+def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str) -> list[str]:
+    """Keys of ``secret`` this operator wrote last time (all of them for an Owner target)."""
+    if secret is None or owned_by(secret) is None:
+        return []
+    if policy == "Owner":
+        return sorted((secret.get("data") or {}).keys())
+    return managed_keys(secret)
+
+
+def current_hash(secret: Mapping[str, Any], *, policy: str) -> str:
+    data = secret.get("data") or {}
+    keys = our_previous_keys(secret, policy=policy)
+    return data_hash({k: data[k] for k in keys if k in data})
+
+
+def is_consistent(
+    secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec, version: int | None,
+) -> bool:
+    """True when the target still holds exactly what we wrote for this spec at ``version``.
+
+    Only then is a conditional request safe: a 304 would otherwise confirm data that is
+    not there (deleted target, hand edits, a target written for another environment).
+    """
+    if secret is None or version is None:
+        return False
+    ann = annotations(secret)
+    return (
+        labels(secret).get(api.LABEL_MANAGED) == "true"
+        and owned_by(secret) == owner.name
+        and secret.get("type", "Opaque") == spec.target.type
+        and ann.get(api.ANN_SOURCE) == spec.source_hash()
+        and ann.get(api.ANN_CONFIG_VERSION) == str(version)
+        and ann.get(api.ANN_DATA_HASH) == current_hash(secret, policy=spec.target.creation_policy)
+    )
+
+
+def desired_secret(
+    existing: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
+    rendered: Mapping[str, str], version: int,
+) -> dict[str, Any]:
+    """The full Secret we want, built on top of ``existing`` so foreign metadata survives."""
+    policy = spec.target.creation_policy
+    body: dict[str, Any] = copy.deepcopy(dict(existing)) if existing else {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": spec.target.name, "namespace": owner.namespace},
+        "type": spec.target.type,
+    }
+    meta = body.setdefault("metadata", {})
+    if policy == "Owner":
+        data = dict(rendered)
+        _set_controller_ref(meta, owner)
+    else:
+        data = _merged_data(existing, owner=owner, rendered=rendered)
+    body["data"] = data
+    body.pop("stringData", None)
+    meta_labels = meta.setdefault("labels", {})
+    meta_labels.update(spec.target.template.labels)
+    meta_labels[api.LABEL_MANAGED] = "true"
+    if policy == "Owner" or existing is None:
+        meta_labels.setdefault(api.LABEL_MANAGED_BY, api.MANAGED_BY_VALUE)
+        if policy == "Owner":
+            meta_labels[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
+    ann = meta.setdefault("annotations", {})
+    ann.update(spec.target.template.annotations)
+    ann.update({
+        api.ANN_OWNED_BY: owner.name,
+        api.ANN_CONFIG_VERSION: str(version),
+        api.ANN_PROJECT_ID: spec.project_id,
+        api.ANN_ENVIRONMENT_ID: spec.environment_id,
+        api.ANN_SOURCE: spec.source_hash(),
+        api.ANN_DATA_HASH: data_hash(rendered),
+    })
+    if policy == "Merge":
+        ann[api.ANN_MANAGED_KEYS] = ",".join(sorted(rendered))
+    else:
+        ann.pop(api.ANN_MANAGED_KEYS, None)
+    return body
+
+
+def _merged_data(
+    existing: Mapping[str, Any] | None, *, owner: Owner, rendered: Mapping[str, str],
+) -> dict[str, str]:
+    current: dict[str, str] = dict((existing or {}).get("data") or {})
+    ours = set(our_previous_keys(existing, policy="Merge"))
+    foreign = {k: v for k, v in current.items() if k not in ours}
+    collisions = sorted(set(rendered) & set(foreign))
+    if collisions:
+        name = ((existing or {}).get("metadata") or {}).get("name", "")
+        shown = ", ".join(repr(k) for k in collisions[:3])
+        more = f" and {len(collisions) - 3} more" if len(collisions) > 3 else ""
+        raise TargetConflict(
+            f"Himitsu key {shown}{more} would overwrite a key of Secret {name!r} that "
+            "himitsu-operator did not write; rename it in Himitsu or remove it from the Secret"
+        )
+    return {**foreign, **rendered}
+
+
+def _set_controller_ref(meta: dict[str, Any], owner: Owner) -> None:
+    refs = [r for r in meta.get("ownerReferences") or [] if not r.get("controller")]
+    refs.append({
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "name": owner.name, "uid": owner.uid,
+        "controller": True, "blockOwnerDeletion": True,
+    })
+    meta["ownerReferences"] = refs
+
+
+def same_content(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Would writing ``desired`` over ``current`` change anything a reader can see?"""
+    cur_meta = current.get("metadata") or {}
+    new_meta = desired.get("metadata") or {}
+    return (
+        (current.get("data") or {}) == (desired.get("data") or {})
+        and (cur_meta.get("labels") or {}) == (new_meta.get("labels") or {})
+        and (cur_meta.get("annotations") or {}) == (new_meta.get("annotations") or {})
+        and (cur_meta.get("ownerReferences") or []) == (new_meta.get("ownerReferences") or [])
+    )
