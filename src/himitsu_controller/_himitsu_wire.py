@@ -1,0 +1,225 @@
+"""What a Himitsu answer means: the runtime body, error envelopes, version headers, 429s.
+
+Why strict: what this returns becomes the content of a Kubernetes Secret, or the reason
+the operator believes the Secret is current. A body that is not exactly the documented
+shape (a proxy's page, a truncated read, a bool where a version belongs, a key given
+twice, a lone surrogate that is not UTF-8) is refused rather than guessed at.
+
+Why a separate module: these are pure functions of a status, headers and bytes, testable
+without any HTTP, kept apart from the client so himitsu.py stays readable. `judge`
+*returns* a `Verdict` (with a message of our own: status, envelope code and requestId,
+never the envelope's free text or any body) instead of raising: the client raises from a
+frame that holds no body, so no traceback keeps secret material reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+_VERSION = re.compile(r"[0-9]{1,18}")
+_ETAG = re.compile(r'(?:W/)?"himi-config-([0-9]{1,18})"')
+# Envelope fields we are willing to repeat in a status message; anything else is dropped.
+_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_DELAY = re.compile(r"[0-9]{1,10}(?:\.[0-9]{1,6})?")
+RATE_LIMIT_DEFAULT, RATE_LIMIT_MIN, RATE_LIMIT_MAX = 60.0, 1.0, 3600.0
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):  # two values for one key: which one is meant is unknowable
+        raise _DuplicateKey
+    return result
+
+
+def _reject_constant(_name: str) -> Any:
+    raise ValueError  # NaN and Infinity are Python's extension, not JSON
+
+
+def load_json(body: bytes) -> tuple[Any, str | None]:
+    """(value, None), or (None, why the body is not strict UTF-8 JSON)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "body is not UTF-8"
+    try:
+        payload = json.loads(
+            text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant
+        )
+    except _DuplicateKey:
+        return None, "body has duplicate JSON keys"
+    except (ValueError, RecursionError):
+        return None, "body is not JSON"
+    return payload, None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")  # a lone surrogate (\ud800) parses from JSON but is not UTF-8
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def decode_runtime(body: bytes) -> tuple[int, dict[str, str]] | str:
+    """(configVersion, secrets) of a 200 body, or why it is not the documented shape
+    ``{"data": {"configVersion": int >= 0, "secrets": {str: str}}}``."""
+    payload, problem = load_json(body)
+    if problem is not None:
+        return problem
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, dict):
+        return "no data object"
+    version = data.get("configVersion")
+    if type(version) is not int or version < 0:  # type(): to isinstance a bool is an int
+        return "data.configVersion is not a non-negative integer"
+    secrets = data.get("secrets")
+    if not isinstance(secrets, dict):
+        return "data.secrets is not an object"
+    for key, value in secrets.items():
+        if type(value) is not str:
+            return "a secret value is not a string"
+        if not (_encodable(key) and _encodable(value)):
+            return "a secret key or value is not valid UTF-8"
+    return version, secrets
+
+
+def envelope(body: bytes | None) -> tuple[str, str | None] | None:
+    """(code, requestId) of a Himitsu error envelope ``{"error": {"code", "message",
+    "requestId"}}``, or None when the body is not one (then it came from something else)."""
+    payload, problem = load_json(body) if body is not None else (None, "encoded")
+    error = payload.get("error") if problem is None and isinstance(payload, dict) else None
+    if not isinstance(error, dict):
+        return None
+    code, message, request_id = error.get("code"), error.get("message"), error.get("requestId")
+    if not isinstance(code, str) or not _CODE.fullmatch(code) or not isinstance(message, str):
+        return None
+    if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+        request_id = None  # an odd requestId is dropped, never echoed
+    return code, request_id
+
+
+def header_version(headers: Mapping[str, str]) -> int | None:
+    """The config version from ``X-Himitsu-Config-Version``, else from the ETag."""
+    raw = headers.get("X-Himitsu-Config-Version", "").strip()
+    if _VERSION.fullmatch(raw):
+        return int(raw)
+    match = _ETAG.fullmatch(headers.get("ETag", "").strip())
+    return int(match.group(1)) if match else None
+
+
+def _parse_delay(value: str | None, *, allow_date: bool) -> float | None:
+    value = (value or "").strip()
+    if _DELAY.fullmatch(value):
+        return float(value)
+    if allow_date and value:  # Retry-After may be an HTTP-date (proxies send those)
+        try:
+            return parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return None
+
+
+def retry_after(headers: Mapping[str, str]) -> float:
+    """Seconds to wait after a 429: Retry-After, else RateLimit-Reset, else 60; clamped
+    to [1 s, 1 h] so a 0 cannot make a workqueue spin and a typo cannot park it for days."""
+    delay = _parse_delay(headers.get("Retry-After"), allow_date=True)
+    if delay is None:
+        delay = _parse_delay(headers.get("RateLimit-Reset"), allow_date=False)
+    if delay is None:
+        return RATE_LIMIT_DEFAULT
+    return min(max(delay, RATE_LIMIT_MIN), RATE_LIMIT_MAX)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What an answer means. ``kind``: "fetched", "not_modified", or the error kind
+    "bad_request", "unauthorized", "forbidden", "not_found", "rate_limited",
+    "server_error", "undecodable", "unexpected"; ``message`` is ours and safe to show."""
+
+    kind: str
+    message: str = ""
+    version: int = 0
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    code: str | None = None
+    request_id: str | None = None
+    retry_after: float = 0.0
+
+
+NOT_HIMITSU = "response was not a Himitsu API response"
+_STATUS_KINDS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+_HINTS = {
+    400: "the request was rejected as invalid; check projectId and environmentId",
+    401: "the token is unknown, expired or revoked, or its scope was deleted",
+    403: "the token may not read this environment",
+    404: "the project or environment does not exist",
+}
+_FORBIDDEN_HINTS = {
+    "API_SCOPE_FORBIDDEN": "the API key's scope does not cover this project or environment",
+    "FORBIDDEN": "the API key's creator no longer has permission to read this environment",
+}
+
+
+def _undecodable(status: int, reason: str) -> Verdict:
+    return Verdict("undecodable", f"Himitsu API answered {status} but the {NOT_HIMITSU} ({reason})")
+
+
+def judge(
+    status: int, headers: Mapping[str, str], body: bytes | None, *, known_version: int | None,
+) -> Verdict:
+    """Judge one answer; ``known_version`` is the version sent as If-None-Match, if any.
+    ``body`` None means a content-encoded body that was not read."""
+    if status == 200:
+        decoded = decode_runtime(body) if body is not None else "encoded body"
+        if isinstance(decoded, str):
+            return _undecodable(200, decoded)
+        version = header_version(headers)  # the header is the authority
+        return Verdict("fetched", version=decoded[0] if version is None else version,
+                       secrets=decoded[1])
+    if status == 304:
+        # A 304 carries no secrets. Accept it only for the exact version asked about:
+        # anything else would record a version whose data the target does not hold.
+        version = header_version(headers)
+        if version is None:
+            return _undecodable(304, "no config version header")
+        if version != known_version:
+            return _undecodable(304, f"unchanged at version {version}, asked about {known_version}")
+        return Verdict("not_modified", version=version)
+    if 200 <= status < 300:
+        return _undecodable(status, "only 200 and 304 are expected")
+    if 300 <= status < 400:
+        return Verdict("unexpected", f"Himitsu API answered {status}: redirect not followed "
+                       "(check apiUrl)")
+    return _judge_error(status, headers, body)
+
+
+def _judge_error(status: int, headers: Mapping[str, str], body: bytes | None) -> Verdict:
+    kind = _STATUS_KINDS.get(status, "server_error" if 500 <= status < 600 else "unexpected")
+    kind = "rate_limited" if status == 429 else kind
+    found = envelope(body)
+    if found is None:
+        # Not from Himitsu (a proxy, a load balancer, a wrong URL): say so, echo nothing.
+        message = f"Himitsu API answered {status}, but the {NOT_HIMITSU}"
+        code = request_id = None
+    else:
+        code, request_id = found
+        hint = _FORBIDDEN_HINTS.get(code) if status == 403 else None
+        hint = hint or _HINTS.get(status, "server error" if kind == "server_error" else "")
+        message = f"Himitsu API answered {status} {code}" + (f": {hint}" if hint else "")
+    delay = retry_after(headers) if kind == "rate_limited" else 0.0
+    if kind == "rate_limited":
+        message += f"; rate limited, retry in {math.ceil(delay)} s"
+    if request_id:
+        message += f" (requestId {request_id})"
+    return Verdict(kind, message, code=code, request_id=request_id, retry_after=delay)

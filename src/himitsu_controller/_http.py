@@ -1,0 +1,323 @@
+"""HTTP plumbing for the Himitsu client: an overall deadline requests cannot give us.
+
+Why this module exists: requests' ``timeout=(connect, read)`` bounds each socket
+operation, never a whole response. A server or proxy that trickles one byte a second
+never trips a read timeout, and ``iter_content(n)`` blocks until it holds *n* bytes, so
+looking at a clock between chunks does not bound a request either (measured: a 64-byte
+chunk at 20 bytes/s took 3.2 s). The one way to end a read blocked deep inside
+http.client is to shut its socket down from another thread. So every socket a request
+opens or reuses under a `DeadlineGuard` is registered with the guard, and a timer shuts
+those sockets down when the deadline passes: the blocked read then fails at once,
+whether it was in the TLS handshake, the status line, the headers or the body. DNS
+resolution cannot be interrupted this way; the resolver's own timeouts bound it.
+
+The hook is two small overrides on urllib3's connection classes (``_new_conn`` for new
+sockets, ``request`` for pooled ones), installed only in the adapter of sessions made by
+`new_session`, so no global state of requests or urllib3 is touched. The loopback tests
+in tests/unit/test_himitsu_transport.py fail if a urllib3 upgrade ever bypasses these hooks.
+
+`bounded_get` is the one GET the client makes with all of that: no redirects (one could
+leave the allow-listed host), the deadline, a size cap checked against Content-Length
+first and then while streaming, and failures reported as `Abort` with a reason in our
+own words (`describe_transport_error`): the libraries' messages quote URLs and are not
+ours to promise safe. `BearerAuth` is the only holder of the token while a request is
+made; its repr is redacted, so tracebacks rendered with locals do not show it.
+
+Nothing here knows Himitsu: the response is handed back as status, headers and bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import re
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+from requests.auth import AuthBase
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import HTTPError as Urllib3HTTPError
+from urllib3.poolmanager import ProxyManager
+
+# The guard of the request the current thread is making, if any. Connections run their
+# connect and send on the calling thread, so a thread-local finds the right guard.
+_current = threading.local()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    # shutdown(), not close(): it wakes a recv() blocked in another thread on Linux, and
+    # it leaves the file descriptor to its owner, which closes it as usual.
+    with contextlib.suppress(OSError):  # already closed: nothing left to interrupt
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class DeadlineGuard:
+    """Shuts down the sockets of the enclosed request once ``seconds`` have passed.
+
+    Use as a context manager around one request, on the thread that makes it. A socket
+    shut down because of the deadline makes the blocked call raise; `expired` tells the
+    caller that this, not the peer, was the reason.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._expired = False
+        self._finished = False
+        self._timer = threading.Timer(max(seconds, 0.0), self._expire)
+        self._timer.daemon = True
+
+    @property
+    def expired(self) -> bool:
+        with self._lock:
+            return self._expired
+
+    def __enter__(self) -> DeadlineGuard:
+        _current.guard = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            # After this, a late timer must not touch a socket that the pool may already
+            # have handed to another request.
+            self._finished = True
+            self._sockets.clear()
+        _current.guard = None
+
+    def watch(self, sock: socket.socket) -> None:
+        """Register a socket the guarded request is about to use."""
+        with self._lock:
+            if self._finished:
+                return
+            if self._expired:
+                _shutdown(sock)
+                return
+            self._sockets.append(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._expired = True
+            for sock in self._sockets:
+                _shutdown(sock)
+
+
+def _watch(sock: socket.socket) -> None:
+    guard: DeadlineGuard | None = getattr(_current, "guard", None)
+    if guard is not None:
+        guard.watch(sock)
+
+
+class _GuardedHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _watch(sock)  # before any TLS handshake or request byte
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        if self.sock is not None:  # a pooled connection, reused: its socket already exists
+            _watch(self.sock)
+        super().request(*args, **kwargs)
+
+
+class _GuardedHTTPSConnection(_GuardedHTTPConnection, HTTPSConnection):
+    pass
+
+
+class _GuardedHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _GuardedHTTPConnection
+
+
+class _GuardedHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _GuardedHTTPSConnection
+
+
+_GUARDED_POOLS = {"http": _GuardedHTTPConnectionPool, "https": _GuardedHTTPSConnectionPool}
+
+
+class _GuardedAdapter(HTTPAdapter):
+    """An HTTPAdapter whose connections register their sockets with `DeadlineGuard`."""
+
+    def init_poolmanager(
+        self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any
+    ) -> None:
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        self.poolmanager.pool_classes_by_scheme = _GUARDED_POOLS
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        # HTTP(S) proxies only: a SOCKS manager has pool classes of its own, and there the
+        # per-chunk deadline check and the socket timeouts remain the bound.
+        if isinstance(manager, ProxyManager):
+            manager.pool_classes_by_scheme = _GUARDED_POOLS
+        return manager
+
+
+def new_session(*, pool_maxsize: int = 16) -> requests.Session:
+    """A session whose requests honour `DeadlineGuard`; urllib3 retries are off (ours only)."""
+    session = requests.Session()
+    adapter = _GuardedAdapter(pool_connections=1, pool_maxsize=pool_maxsize, max_retries=0)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    return session
+
+
+class BearerAuth(AuthBase):
+    """Adds ``Authorization: Bearer <token>``; the only place the token is put on the wire.
+
+    Passing auth (rather than a header) also stops requests from consulting ~/.netrc,
+    which could otherwise replace the header with a Basic one.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {self._token}"
+        return request
+
+    def __repr__(self) -> str:
+        return "BearerAuth(<redacted>)"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and everything it wraps (cause, context, urllib3 ``reason``, args)."""
+    seen: list[BaseException] = []
+    pending: list[BaseException] = [exc]
+    while pending and len(seen) < 32:
+        current = pending.pop(0)
+        if any(current is known for known in seen):
+            continue
+        seen.append(current)
+        linked = [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        linked.extend(current.args)
+        pending.extend(item for item in linked if isinstance(item, BaseException))
+    return seen
+
+
+def describe_transport_error(exc: BaseException) -> str:
+    """A short reason in our own words: never the library's message, which quotes URLs."""
+    chain = _causes(exc)
+    for item in chain:
+        if isinstance(item, ssl.SSLCertVerificationError):
+            # verify_message is OpenSSL's fixed text ("unable to get local issuer
+            # certificate"), the one detail that tells an operator which CA is missing.
+            detail = item.verify_message if isinstance(item.verify_message, str) else ""
+            return f"TLS certificate verification failed ({detail or 'untrusted'})"
+    checks: list[tuple[type[BaseException], str]] = [
+        (requests.exceptions.ConnectTimeout, "timed out connecting"),
+        (requests.exceptions.ProxyError, "the proxy refused or failed the connection"),
+        (ssl.SSLError, "TLS handshake failed"),
+        (requests.exceptions.SSLError, "TLS handshake failed"),
+        (socket.gaierror, "the host name could not be resolved"),
+        (ConnectionRefusedError, "connection refused"),
+        (http.client.RemoteDisconnected, "the server closed the connection without answering"),
+        (http.client.BadStatusLine, "the server did not answer with HTTP"),
+        (ConnectionResetError, "connection reset by the server"),
+        (requests.exceptions.ReadTimeout, "timed out waiting for the response"),
+        (TimeoutError, "timed out"),
+        (requests.exceptions.ChunkedEncodingError, "the response ended before it was complete"),
+    ]
+    for kind, reason in checks:
+        if any(isinstance(item, kind) for item in chain):
+            return reason
+    names = {type(item).__name__ for item in chain}
+    if names & {"IncompleteRead", "ProtocolError", "RemoteDisconnected"}:
+        return "the connection closed before the response was complete"
+    if "NameResolutionError" in names:
+        return "the host name could not be resolved"
+    return "the connection failed"
+
+
+_TRANSPORT_ERRORS = (
+    requests.RequestException, Urllib3HTTPError, http.client.HTTPException, OSError,
+)
+_DIGITS = re.compile(r"[0-9]{1,18}")
+_CHUNK_BYTES = 64 * 1024
+
+
+class Abort(Exception):
+    """Why a bounded GET got no complete answer. ``kind``: "deadline", "too_large" or
+    "transport" (then ``reason`` says what failed, in our words)."""
+
+    def __init__(self, kind: str, reason: str = "") -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    status: int
+    # Neither headers nor body in a repr: both are the server's words, and a repr can end
+    # up in a traceback rendered with locals.
+    headers: Mapping[str, str] = field(repr=False)
+    body: bytes | None = field(repr=False)  # None: content-encoded, left unread
+
+
+def bounded_get(
+    session: requests.Session, url: str, *, headers: Mapping[str, str | None],
+    auth: AuthBase, connect_timeout: float, read_timeout: float, verify: str | bool,
+    deadline: float, clock: Callable[[], float], max_bytes: int,
+) -> RawAnswer:
+    """One GET, no redirects, whose whole answer arrives before ``deadline`` (a ``clock``
+    reading) and holds at most ``max_bytes``; raises Abort otherwise."""
+    remaining = deadline - clock()
+    if remaining <= 0:
+        raise Abort("deadline")
+    failure: Abort | None = None
+    response: requests.Response | None = None
+    try:
+        with DeadlineGuard(remaining) as guard:
+            try:
+                response = session.get(
+                    url, headers=headers, auth=auth, allow_redirects=False, stream=True,
+                    timeout=(min(connect_timeout, remaining), min(read_timeout, remaining)),
+                    verify=verify,
+                )
+                body = _read_body(response, deadline=deadline, clock=clock, max_bytes=max_bytes)
+            except Abort as abort:
+                failure = abort
+            except _TRANSPORT_ERRORS as exc:
+                failure = Abort("transport", describe_transport_error(exc))
+            if guard.expired:  # whatever the read saw, the cause was our deadline
+                failure = Abort("deadline")
+    finally:
+        if response is not None:
+            response.close()
+    if failure is not None or response is None:
+        # A fresh exception, raised outside any except block: no traceback or context of
+        # a frame that held the body or the request headers travels with it.
+        raise Abort(failure.kind if failure else "transport", failure.reason if failure else "")
+    return RawAnswer(response.status_code, response.headers, body)
+
+
+def _read_body(
+    response: requests.Response, *, deadline: float, clock: Callable[[], float], max_bytes: int,
+) -> bytes | None:
+    encoding = response.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        return None  # we asked for identity: an encoded body is not read at all
+    declared = response.headers.get("Content-Length", "").strip()
+    if _DIGITS.fullmatch(declared) and int(declared) > max_bytes:
+        raise Abort("too_large")
+    buffer = bytearray()
+    # The clock check between chunks is the fallback bound for sessions without the
+    # guarded adapter; DeadlineGuard is what ends a chunk read blocked on a trickle.
+    for chunk in response.iter_content(chunk_size=_CHUNK_BYTES):
+        buffer += chunk
+        if len(buffer) > max_bytes:
+            raise Abort("too_large")
+        if clock() > deadline:
+            raise Abort("deadline")
+    return bytes(buffer)

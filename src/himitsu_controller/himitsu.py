@@ -1,0 +1,395 @@
+"""Client for the one Himitsu API call the operator makes: the runtime secrets read.
+
+Why a client of our own rather than a thin ``requests.get``: the operator's safety rests
+on details a generic call gets wrong. A 304 must never look like an empty environment
+(the reconciler would wipe a Secret); the version in the headers, not the body, is the
+authority; a proxy's error page must not reach a Kubernetes status; a token or a secret
+value must never end up in an exception string, a log line or a metric label; a server
+that trickles bytes must not hold a worker past a deadline; a redirect must not carry a
+request off the configured host. Each of those is decided here, once, and tested in
+tests/unit/test_himitsu.py and test_himitsu_transport.py. The deadline plumbing
+lives in `himitsu_controller._http`, the reading of answers in `_himitsu_wire`.
+
+Errors are typed by what the caller does next (fix the spec, fix the token, wait for
+Retry-After, retry with backoff), and every message is ours: status, envelope ``code``
+and ``requestId``, never the envelope's free-text ``message`` or any part of a body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.cookiejar import DefaultCookiePolicy
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import requests
+import structlog
+
+from himitsu_controller import __version__
+from himitsu_controller import _himitsu_wire as wire
+from himitsu_controller._http import Abort, BearerAuth, RawAnswer, bounded_get, new_session
+
+__all__ = [
+    "OUTCOMES", "TOKEN_PATTERN", "USER_AGENT", "BadRequest", "FetchResult", "Fetched",
+    "Forbidden", "HimitsuClient", "HimitsuError", "InvalidInput", "InvalidToken", "NotFound",
+    "NotModified", "RateLimited", "ServerError", "TransportError", "Unauthorized",
+    "Undecodable", "UnexpectedStatus", "source_fingerprint", "validate_api_url",
+    "validate_token",
+]
+
+USER_AGENT = f"himitsu-k8s-operator/{__version__}"
+TOKEN_PATTERN = re.compile(r"^himi_[0-9a-f]{16}_[A-Za-z0-9_-]{43}$")
+# Labels passed to the observer, one per HTTP attempt: a closed set, so a metric can
+# create them all up front. "other" is any status outside these classes (a redirect).
+OUTCOMES = ("200", "304", "4xx", "429", "5xx", "transport_error", "other")
+
+_log = structlog.get_logger(__name__)
+_TOKEN_LENGTH = 65
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_BACKOFF_CAP = 2.0
+
+
+class HimitsuError(Exception):
+    """Base of every client error. ``message`` is safe for a status, an Event or a log."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, code: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.request_id = request_id
+
+
+class InvalidInput(HimitsuError):
+    """A URL, id or option failed local validation; no request was made."""
+
+
+class InvalidToken(HimitsuError):
+    """The token is not a Himitsu API key; no request was made."""
+
+
+class BadRequest(HimitsuError):
+    """400: the request itself is wrong, which means the spec is."""
+
+
+class Unauthorized(HimitsuError):
+    """401: token unknown, expired, revoked, or its scope deleted."""
+
+
+class Forbidden(HimitsuError):
+    """403: FORBIDDEN (creator lost permission) or API_SCOPE_FORBIDDEN (key scope)."""
+
+
+class NotFound(HimitsuError):
+    """404: project or environment does not exist (for this key)."""
+
+
+class RateLimited(HimitsuError):
+    """429: ``retry_after`` seconds to wait (Retry-After, else RateLimit-Reset, else 60)."""
+
+    def __init__(self, message: str, *, retry_after: float, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class ServerError(HimitsuError):
+    """5xx, after the client's own retries."""
+
+
+class TransportError(HimitsuError):
+    """No complete answer: connect/read failure, timeout, deadline, reset, too large."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class Undecodable(HimitsuError):
+    """A 2xx or 304 that is not the documented shape."""
+
+
+class UnexpectedStatus(HimitsuError):
+    """Any other status, redirects included (never followed)."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A 200: every live secret of the environment at ``version``."""
+
+    version: int
+    secrets: Mapping[str, str] = field(repr=False)  # values never in a repr
+
+
+@dataclass(frozen=True)
+class NotModified:
+    """A 304: the environment is still at ``version``; no secret material came back."""
+
+    version: int
+
+
+FetchResult = Fetched | NotModified
+
+
+def validate_api_url(url: str) -> str:
+    """Return the normalised API base URL (lowercase scheme and host, no default port,
+    no trailing slash) or raise InvalidInput. The URL is never echoed: it might hold
+    credentials."""
+    candidate = url.strip() if isinstance(url, str) else ""
+    if not candidate:
+        raise InvalidInput("apiUrl is empty")
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in candidate):
+        raise InvalidInput("apiUrl must not contain whitespace or control characters")
+    parts = urlsplit(candidate)
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise InvalidInput("apiUrl must start with https:// or http://")
+    if "@" in parts.netloc:
+        raise InvalidInput("apiUrl must not contain credentials (user:password@)")
+    if "?" in candidate or "#" in candidate:
+        raise InvalidInput("apiUrl must not have a query or a fragment")
+    host = parts.hostname
+    if not host:
+        raise InvalidInput("apiUrl has no host")
+    try:
+        port = parts.port
+    except ValueError:
+        raise InvalidInput("apiUrl has an invalid port") from None
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        netloc = f"{netloc}:{port}"
+    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+def _token_problem(candidate: str) -> str | None:
+    if TOKEN_PATTERN.fullmatch(candidate):
+        return None
+    # The length is the one hint we give: it tells a truncated paste from a wrong value
+    # without revealing anything of the credential.
+    return (
+        "token is not a Himitsu API key (expected himi_<16 hex>_<43 base64url>, "
+        f"{_TOKEN_LENGTH} characters; got {len(candidate)} characters)"
+    )
+
+
+def validate_token(token: str) -> str:
+    """Return the token without surrounding whitespace, or raise InvalidToken."""
+    candidate = token.strip() if isinstance(token, str) else ""
+    problem = _token_problem(candidate)
+    if problem is None:
+        return candidate
+    # Raise from a frame that no longer holds the credential: a traceback rendered with
+    # locals (structlog's dict_tracebacks does that by default) must not show it.
+    del token, candidate
+    raise InvalidToken(problem)
+
+
+def _validate_id(name: str, value: str) -> str:
+    if not isinstance(value, str) or not _UUID.fullmatch(value):
+        raise InvalidInput(f"{name} must be a UUID such as 0b6f8a52-1c3e-4d5f-9a7b-2c4d6e8f0a1b")
+    return value.lower()
+
+
+def source_fingerprint(api_url: str, project_id: str, environment_id: str, token: str) -> str:
+    """Hex sha256 naming what a poll reads and with which credential: equal fingerprints
+    may share one poll. Built over sha256(token), so the token cannot be recovered."""
+    token_digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
+    material = json.dumps(
+        ["himitsu-source/v1", validate_api_url(api_url), project_id.strip().lower(),
+         environment_id.strip().lower(), token_digest],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class _Request:
+    base: str
+    url: str
+    headers: Mapping[str, str | None]
+    auth: BearerAuth
+    known_version: int | None  # only when If-None-Match was sent
+
+
+_ERRORS: dict[str, type[HimitsuError]] = {
+    "bad_request": BadRequest, "unauthorized": Unauthorized, "forbidden": Forbidden,
+    "not_found": NotFound, "server_error": ServerError, "undecodable": Undecodable,
+    "unexpected": UnexpectedStatus,
+}
+
+
+def _interpret(answer: RawAnswer, known_version: int | None) -> FetchResult:
+    verdict = wire.judge(answer.status, answer.headers, answer.body, known_version=known_version)
+    if verdict.kind == "fetched":
+        return Fetched(version=verdict.version, secrets=MappingProxyType(verdict.secrets))
+    if verdict.kind == "not_modified":
+        return NotModified(version=verdict.version)
+    details: dict[str, Any] = {
+        "status": answer.status, "code": verdict.code, "request_id": verdict.request_id,
+    }
+    if verdict.kind == "rate_limited":
+        raise RateLimited(verdict.message, retry_after=verdict.retry_after, **details)
+    raise _ERRORS[verdict.kind](verdict.message, **details)
+
+
+def _outcome(status: int) -> str:
+    if status in (200, 304, 429):
+        return str(status)
+    if 400 <= status < 500:
+        return "4xx"
+    return "5xx" if 500 <= status < 600 else "other"
+
+
+class HimitsuClient:
+    """Thread-safe client: one pooled session per API base URL, shared by all workers."""
+
+    def __init__(
+        self, *, ca_file: str | None = None, connect_timeout: float = 5, read_timeout: float = 15,
+        deadline: float = 30, max_response_bytes: int = 16 * 1024 * 1024, retries: int = 2,
+        backoff_base: float = 0.2, session_factory: Callable[[], requests.Session] | None = None,
+        sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+        observer: Callable[[str], None] | None = None,
+    ) -> None:
+        if min(connect_timeout, read_timeout, deadline, max_response_bytes) <= 0:
+            raise ValueError("timeouts, deadline and max_response_bytes must be positive")
+        if retries < 0 or backoff_base < 0:
+            raise ValueError("retries and backoff_base must not be negative")
+        if ca_file is not None and not os.path.isfile(ca_file):
+            raise InvalidInput(f"CA file {ca_file} does not exist or is not a file")
+        # verify=True lets requests apply REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE.
+        self._verify: str | bool = ca_file if ca_file is not None else True
+        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
+        self._deadline, self._max_bytes = deadline, max_response_bytes
+        self._retries, self._backoff_base = retries, backoff_base
+        self._session_factory = session_factory or new_session
+        self._sleep, self._clock, self._observer = sleep, clock, observer
+        self._sessions: dict[str, requests.Session] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __enter__(self) -> HimitsuClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every pooled connection; a later fetch raises RuntimeError."""
+        with self._lock:
+            sessions, self._sessions, self._closed = list(self._sessions.values()), {}, True
+        for session in sessions:
+            session.close()
+
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None,
+    ) -> FetchResult:
+        """Fetched (200) or NotModified (304, only possible when ``known_version`` > 0 was
+        sent as If-None-Match). Raises a HimitsuError subclass for everything else."""
+        candidate = token.strip() if isinstance(token, str) else ""
+        problem = _token_problem(candidate)
+        auth = BearerAuth(candidate) if problem is None else None
+        # From here on the token lives only in `auth`, whose repr is redacted: no frame
+        # of this call shows it in a traceback rendered with locals.
+        del token, candidate
+        if auth is None:
+            raise InvalidToken(problem or "token is not a Himitsu API key")
+        base = validate_api_url(api_url)
+        project = quote(_validate_id("projectId", project_id), safe="")
+        environment = quote(_validate_id("environmentId", environment_id), safe="")
+        conditional = type(known_version) is int and known_version > 0
+        headers: dict[str, str | None] = {
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+            # Small JSON: identity keeps the size cap honest (no decompression bomb).
+            "Accept-Encoding": "identity",
+            # None drops a default a custom session might carry: the server answers 500
+            # to a JSON Content-Type on a GET.
+            "Content-Type": None,
+        }
+        if conditional:
+            headers["If-None-Match"] = f'"himi-config-{known_version}"'
+        path = f"/api/v1/projects/{project}/environments/{environment}/secrets/runtime"
+        request = _Request(
+            base=base, url=base + path, headers=headers, auth=auth,
+            known_version=known_version if conditional else None,
+        )
+        return self._fetch_with_retries(request)
+
+    def _session_for(self, base: str) -> requests.Session:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("HimitsuClient is closed")
+            session = self._sessions.get(base)
+            if session is None:
+                session = self._session_factory()
+                # One session serves every token of a base URL: a cookie set for one
+                # must never ride along with another, so the jar accepts none.
+                session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+                self._sessions[base] = session
+            return session
+
+    def _fetch_with_retries(self, request: _Request) -> FetchResult:
+        deadline = self._clock() + self._deadline  # one deadline for all attempts
+        attempt = 0
+        while True:
+            try:
+                return _interpret(self._exchange(request, deadline), request.known_version)
+            except (TransportError, ServerError) as error:
+                delay = min(_BACKOFF_CAP, self._backoff_base * 2**attempt)
+                delay *= random.uniform(0.5, 1.0)
+                retryable = getattr(error, "retryable", True)
+                if not retryable or attempt >= self._retries or self._clock() + delay >= deadline:
+                    raise
+            attempt += 1
+            _log.debug("himitsu_retry", attempt=attempt, delay=round(delay, 3))
+            self._sleep(delay)
+
+    def _exchange(self, request: _Request, deadline: float) -> RawAnswer:
+        """One HTTP attempt, counted by the observer; TransportError when no full answer."""
+        host = urlsplit(request.base).netloc
+        answer: RawAnswer | None = None
+        failure: Abort | None = None
+        try:
+            answer = bounded_get(
+                self._session_for(request.base), request.url, headers=request.headers,
+                auth=request.auth, connect_timeout=self._connect_timeout,
+                read_timeout=self._read_timeout, verify=self._verify, deadline=deadline,
+                clock=self._clock, max_bytes=self._max_bytes,
+            )
+        except Abort as abort:
+            failure = abort
+        outcome = "transport_error" if answer is None else _outcome(answer.status)
+        _log.debug("himitsu_attempt", host=host, outcome=outcome)
+        self._observe(outcome)
+        if answer is not None:
+            return answer
+        # Raised outside the except block, so no library exception rides along as context.
+        kind, reason = (failure.kind, failure.reason) if failure else ("transport", "")
+        if kind == "deadline":
+            message = f"no complete answer within the {self._deadline:g} s deadline"
+        elif kind == "too_large":
+            message = f"response larger than {self._max_bytes} bytes"
+        else:
+            message = reason or "the connection failed"
+        raise TransportError(f"Himitsu API at {host}: {message}", retryable=kind == "transport")
+
+    def _observe(self, outcome: str) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer(outcome)
+        except Exception:  # a broken metric must not fail a sync
+            _log.warning("himitsu_observer_failed", outcome=outcome)
