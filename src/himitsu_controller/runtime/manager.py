@@ -1,0 +1,420 @@
+"""Start and stop everything in the one order that is safe, and report it on probes.
+
+Why the order matters (controller-runtime's manager, done with plain threads):
+
+1. metrics and probe servers first, so the kubelet sees a live process while caches fill;
+2. informers next, and nothing reconciles until every cache has synced (a reconcile on
+   a half-filled cache would see objects as missing), bounded by ``cache_sync_timeout``;
+3. leader election after that; workers (and leader-only runnables) run only while this
+   replica leads, so two replicas never write the same objects;
+4. on stop (SIGTERM/SIGINT or ``request_stop``): workers drain first, *then* the Lease is
+   released (a standby taking over must not overlap our last writes), then informers and
+   servers stop. Exit code 0, or 1 if the drain outlived ``graceful_shutdown_timeout``;
+5. on lost leadership: stop workers and return 1, so the Deployment restarts the pod
+   and it campaigns again from a clean slate.
+
+The elector needs callbacks into the manager, so the manager takes a *factory*
+``leader_election(on_started_leading, on_stopped_leading) -> elector`` and builds the
+elector itself, e.g. ``lambda started, stopped: LeaderElector(rest, config,
+on_started_leading=started, on_stopped_leading=stopped)``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Protocol
+
+import structlog
+
+from .healthz import Check, ProbeServer
+from .httpserver import HTTPServerHandle
+from .metrics import start_metrics_server
+
+log = structlog.get_logger(__name__)
+
+# A watch failing to reconnect for longer than this makes the replica unready.
+UNHEALTHY_WATCH_THRESHOLD = 30.0
+_SYNC_POLL_INTERVAL = 0.1
+_SIGNAL_POLL_INTERVAL = 0.5
+_JOIN_TIMEOUT = 10.0  # for the elector's release and informer threads on the way out
+
+
+class InformerLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def run(self, stop: threading.Event) -> None: ...
+
+    def has_synced(self) -> bool: ...
+
+    def unhealthy_for(self) -> float: ...
+
+
+class ControllerLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, drain_timeout: float = 30.0) -> bool: ...
+
+    def workers_alive(self) -> bool: ...
+
+
+class LeaderElectorLike(Protocol):
+    def run(self, stop: threading.Event) -> bool: ...
+
+    def is_leader(self) -> bool: ...
+
+
+# (on_started_leading, on_stopped_leading) -> an elector wired to them.
+LeaderElectionFactory = Callable[[Callable[[], None], Callable[[], None]], LeaderElectorLike]
+
+
+@dataclass(frozen=True)
+class _Runnable:
+    name: str
+    fn: Callable[[threading.Event], None]
+    need_leader_election: bool
+
+
+class Manager:
+    """Owns the process's informers, controllers, elector, servers and their lifecycle."""
+
+    def __init__(
+        self,
+        *,
+        metrics_bind_address: str = ":8080",
+        health_probe_bind_address: str = ":8081",
+        leader_election: LeaderElectionFactory | None = None,
+        graceful_shutdown_timeout: float = 30.0,
+        cache_sync_timeout: float = 120.0,
+    ) -> None:
+        self._metrics_address = metrics_bind_address
+        self._leader_election = leader_election
+        self._graceful_shutdown_timeout = graceful_shutdown_timeout
+        self._cache_sync_timeout = cache_sync_timeout
+        self._informers: list[InformerLike] = []
+        self._controllers: list[ControllerLike] = []
+        self._runnables: list[_Runnable] = []
+        self._probes = ProbeServer(health_probe_bind_address)
+        self._metrics_server: HTTPServerHandle | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._informer_stop = threading.Event()
+        self._elector_stop = threading.Event()
+        self._runnable_stop = threading.Event()
+        self._caches_synced = threading.Event()
+        self._stopping = False
+        self._leading = False
+        self._lost_leadership = False
+        self._signal_name: str | None = None
+        self._informer_threads: dict[str, threading.Thread] = {}
+        self._runnable_threads: dict[str, threading.Thread] = {}
+        self._elector_thread: threading.Thread | None = None
+        self._probes.add_healthz("workers", self._check_workers)
+        self._probes.add_healthz("informers", self._check_informer_threads)
+        self._probes.add_readyz("caches-synced", self._check_caches_synced)
+        self._probes.add_readyz("watches", self._check_watches)
+
+    # -- wiring -----------------------------------------------------------------------
+
+    def add_informer(self, informer: InformerLike) -> None:
+        if any(existing.name == informer.name for existing in self._informers):
+            raise ValueError(f"an informer named {informer.name!r} is already added")
+        self._informers.append(informer)
+
+    def add_controller(self, controller: ControllerLike) -> None:
+        self._controllers.append(controller)
+
+    def add_runnable(
+        self,
+        name: str,
+        fn: Callable[[threading.Event], None],
+        *,
+        need_leader_election: bool = True,
+    ) -> None:
+        """Run ``fn(stop)`` on its own thread until ``stop`` is set.
+
+        Leader-only runnables start with the workers; others once caches have synced.
+        """
+        if any(existing.name == name for existing in self._runnables):
+            raise ValueError(f"a runnable named {name!r} is already added")
+        self._runnables.append(_Runnable(name, fn, need_leader_election))
+
+    def add_readyz_check(self, name: str, check: Check) -> None:
+        self._probes.add_readyz(name, check)
+
+    def add_healthz_check(self, name: str, check: Check) -> None:
+        self._probes.add_healthz(name, check)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self._metrics_server is None else self._metrics_server.port
+
+    @property
+    def probe_port(self) -> int | None:
+        try:
+            return self._probes.port
+        except RuntimeError:
+            return None
+
+    def is_leading(self) -> bool:
+        with self._lock:
+            return self._leading
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Run until stopped; the exit code for the process (0 clean, 1 failure).
+
+        ``stop`` (if given) becomes the manager's stop event: setting it stops the
+        manager, and the manager sets it whenever it stops for its own reasons.
+        """
+        if stop is not None:
+            self._stop = stop
+        restore_signals = self._install_signal_handlers()
+        try:
+            return self._run()
+        finally:
+            restore_signals()
+
+    def _run(self) -> int:
+        try:
+            self._metrics_server = start_metrics_server(self._metrics_address)
+            self._probes.start()
+        except (OSError, ValueError) as exc:
+            log.error("cannot start metrics/probe servers", error=str(exc))
+            self._stop_servers()
+            return 1
+        self._start_informers()
+        outcome = self._wait_for_caches()
+        code = 1 if outcome == "failed" else 0
+        if outcome == "synced":
+            self._start_runnables(leader_only=False)
+            self._start_leading_or_campaign()
+            # Bounded waits: a signal the kernel delivers to another thread only runs
+            # its Python handler once the main thread executes bytecode again.
+            while not self._stop.wait(_SIGNAL_POLL_INTERVAL):
+                pass
+            if self._signal_name is not None:
+                log.info("signal received, shutting down", signal=self._signal_name)
+            code = 1 if self._lost_leadership else 0
+        return max(code, self._shutdown())
+
+    def _start_informers(self) -> None:
+        for informer in self._informers:
+            thread = threading.Thread(
+                target=self._run_informer,
+                args=(informer,),
+                name=f"informer-{informer.name}",
+                daemon=True,
+            )
+            self._informer_threads[informer.name] = thread
+            thread.start()
+
+    def _run_informer(self, informer: InformerLike) -> None:
+        try:
+            informer.run(self._informer_stop)
+        except Exception as exc:  # reported by /healthz; the log says why
+            log.error(
+                "informer crashed", informer=informer.name,
+                error_type=type(exc).__name__, error=str(exc),
+            )
+        if not self._informer_stop.is_set():
+            log.error("informer stopped unexpectedly", informer=informer.name)
+
+    def _wait_for_caches(self) -> str:
+        """"synced", "stopped" (stop requested meanwhile) or "failed"."""
+        deadline = time.monotonic() + self._cache_sync_timeout
+        while True:
+            pending = [i.name for i in self._informers if not i.has_synced()]
+            if not pending:
+                self._caches_synced.set()
+                log.info("caches synced", informers=[i.name for i in self._informers])
+                return "synced"
+            dead = self._dead(self._informer_threads)
+            if dead:
+                log.error("informer stopped before its cache synced", informers=dead)
+                return "failed"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.error(
+                    "timed out waiting for caches to sync",
+                    informers=pending, timeout_seconds=self._cache_sync_timeout,
+                )
+                return "failed"
+            if self._stop.wait(min(_SYNC_POLL_INTERVAL, remaining)):
+                return "stopped"
+
+    def _start_leading_or_campaign(self) -> None:
+        if self._leader_election is None:
+            self._on_started_leading()
+            return
+        elector = self._leader_election(self._on_started_leading, self._on_stopped_leading)
+        thread = threading.Thread(
+            target=self._run_elector, args=(elector,), name="leader-election", daemon=True
+        )
+        self._elector_thread = thread
+        thread.start()
+
+    def _run_elector(self, elector: LeaderElectorLike) -> None:
+        try:
+            elector.run(self._elector_stop)
+        except Exception as exc:
+            log.error("leader election crashed", error_type=type(exc).__name__, error=str(exc))
+        if not self._elector_stop.is_set():
+            # Run only returns early when leadership was lost (or never kept): restart.
+            self._lose_leadership("leader election ended")
+
+    def _on_started_leading(self) -> None:
+        # Under the lock so that _shutdown, once it has set _stopping, knows no worker
+        # or runnable can still be starting behind its back.
+        with self._lock:
+            if self._stopping:
+                return
+            self._leading = True
+            log.info("leading: starting workers", controllers=[c.name for c in self._controllers])
+            for controller in self._controllers:
+                controller.start()
+            self._start_runnables(leader_only=True)
+
+    def _on_stopped_leading(self) -> None:
+        with self._lock:
+            stopping = self._stopping
+            if stopping:
+                self._leading = False
+        if stopping:
+            log.info("leadership released")
+        else:
+            self._lose_leadership("leadership lost")
+
+    def _lose_leadership(self, why: str) -> None:
+        with self._lock:
+            if self._stopping or self._lost_leadership:
+                return
+            self._lost_leadership = True
+            self._leading = False
+        log.error("stopping workers and exiting so the pod restarts", reason=why)
+        self._stop.set()
+
+    def _start_runnables(self, *, leader_only: bool) -> None:
+        for runnable in self._runnables:
+            if runnable.need_leader_election != leader_only:
+                continue
+            thread = threading.Thread(
+                target=self._run_runnable, args=(runnable,),
+                name=f"runnable-{runnable.name}", daemon=True,
+            )
+            self._runnable_threads[runnable.name] = thread
+            thread.start()
+
+    def _run_runnable(self, runnable: _Runnable) -> None:
+        try:
+            runnable.fn(self._runnable_stop)
+        except Exception as exc:
+            log.error(
+                "runnable crashed", runnable=runnable.name,
+                error_type=type(exc).__name__, error=str(exc),
+            )
+
+    # -- stopping ---------------------------------------------------------------------
+
+    def _shutdown(self) -> int:
+        """Stop in order; 1 if the workers did not drain within the grace period."""
+        with self._lock:
+            self._stopping = True
+        self._stop.set()
+        deadline = time.monotonic() + self._graceful_shutdown_timeout
+        drained = True
+        for controller in self._controllers:
+            remaining = max(0.0, deadline - time.monotonic())
+            drained = controller.stop(drain_timeout=remaining) and drained
+        self._runnable_stop.set()
+        for thread in self._runnable_threads.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            drained = drained and not thread.is_alive()
+        if not drained:
+            log.error("workers did not finish within the graceful shutdown timeout",
+                      timeout_seconds=self._graceful_shutdown_timeout)
+        self._elector_stop.set()  # releases the Lease, now that no worker is writing
+        if self._elector_thread is not None:
+            self._elector_thread.join(_JOIN_TIMEOUT)
+        self._informer_stop.set()
+        informer_deadline = time.monotonic() + _JOIN_TIMEOUT
+        for thread in self._informer_threads.values():
+            thread.join(max(0.0, informer_deadline - time.monotonic()))
+        self._stop_servers()
+        log.info("manager stopped")
+        return 0 if drained else 1
+
+    def _stop_servers(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+            self._metrics_server = None
+        self._probes.stop()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        """SIGTERM/SIGINT set the stop event; a second one exits at once (stuck drain)."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if self._signal_name is not None:
+                os.write(2, b"second signal received, exiting immediately\n")
+                os._exit(1)
+            self._signal_name = signal.Signals(signum).name
+            # Event.set takes a lock the interrupted main thread may hold: set it from
+            # a fresh thread rather than risk a self-deadlock inside the handler.
+            threading.Thread(target=self._stop.set, name="signal-stop", daemon=True).start()
+
+        for sig in previous:
+            signal.signal(sig, handle)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+        return restore
+
+    # -- probes -----------------------------------------------------------------------
+
+    def _dead(self, threads: dict[str, threading.Thread]) -> list[str]:
+        with self._lock:
+            if self._stopping:
+                return []
+        return [name for name, thread in threads.items() if not thread.is_alive()]
+
+    def _check_workers(self) -> str | None:
+        dead = [c.name for c in self._controllers if not c.workers_alive()]
+        dead += [f"runnable {name}" for name in self._dead(self._runnable_threads)]
+        return f"dead worker threads in: {', '.join(dead)}" if dead else None
+
+    def _check_informer_threads(self) -> str | None:
+        dead = self._dead(self._informer_threads)
+        return f"informer threads stopped: {', '.join(dead)}" if dead else None
+
+    def _check_caches_synced(self) -> str | None:
+        if self._caches_synced.is_set():
+            return None
+        pending = [i.name for i in self._informers if not i.has_synced()]
+        return f"waiting for caches: {', '.join(pending) or 'starting'}"
+
+    def _check_watches(self) -> str | None:
+        unhealthy = [(i.name, i.unhealthy_for()) for i in self._informers]
+        failing = [
+            f"{name} ({seconds:.0f}s)"
+            for name, seconds in unhealthy
+            if seconds > UNHEALTHY_WATCH_THRESHOLD
+        ]
+        return f"watches failing to reconnect: {', '.join(failing)}" if failing else None

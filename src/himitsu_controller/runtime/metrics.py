@@ -1,0 +1,240 @@
+"""Prometheus metrics under controller-runtime's names, so existing dashboards just work.
+
+Why a private registry: the process-global ``prometheus_client.REGISTRY`` also carries
+whatever any imported library registers (and the process/platform collectors); owning the
+registry makes ``/metrics`` exactly what we define and lets tests scrape it in isolation.
+
+Why a custom collector for two gauges: ``workqueue_unfinished_work_seconds`` and
+``workqueue_longest_running_processor_seconds`` describe work *in progress*, so they are
+computed at scrape time from each queue's processing start times instead of being pushed
+by a ticker thread (client-go updates them every 500 ms; a scrape-time value is fresher
+and costs nothing between scrapes).
+
+Names, types, labels and histogram buckets follow controller-runtime
+(``internal/controller/metrics``, ``pkg/metrics/workqueue.go``, ``pkg/metrics/leaderelection.go``).
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import weakref
+from collections.abc import Iterable
+from typing import Protocol
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from .httpserver import HTTPServerHandle, serve
+
+__all__ = ["REGISTRY", "HTTPServerHandle", "leader_election_master_status", "start_metrics_server"]
+
+# `_created` series double the exposition size and no controller-runtime dashboard uses them.
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# controller-runtime's reconcile_time_seconds buckets: fine-grained below a second, where
+# most reconciles land, then coarser up to a minute.
+RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7,
+    0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0,
+    10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
+)
+
+# controller-runtime's workqueue histograms: ExponentialBuckets(10e-9, 10, 12), i.e. 10 ns
+# up to 1000 s in decades.
+WORKQUEUE_DURATION_BUCKETS: tuple[float, ...] = tuple(1e-8 * 10.0**i for i in range(12))
+
+# Reconcile result label values (controller-runtime's labelError, labelRequeueAfter, ...).
+RESULT_SUCCESS = "success"
+RESULT_ERROR = "error"
+RESULT_REQUEUE = "requeue"
+RESULT_REQUEUE_AFTER = "requeue_after"
+RESULTS = (RESULT_SUCCESS, RESULT_ERROR, RESULT_REQUEUE, RESULT_REQUEUE_AFTER)
+
+reconcile_total = Counter(
+    "controller_runtime_reconcile_total",
+    "Total number of reconciliations per controller",
+    ["controller", "result"],
+    registry=REGISTRY,
+)
+reconcile_errors_total = Counter(
+    "controller_runtime_reconcile_errors_total",
+    "Total number of reconciliation errors per controller",
+    ["controller"],
+    registry=REGISTRY,
+)
+reconcile_panics_total = Counter(
+    "controller_runtime_reconcile_panics_total",
+    "Total number of reconciliation panics per controller",
+    ["controller"],
+    registry=REGISTRY,
+)
+reconcile_time_seconds = Histogram(
+    "controller_runtime_reconcile_time_seconds",
+    "Length of time per reconciliation per controller",
+    ["controller"],
+    buckets=RECONCILE_TIME_BUCKETS,
+    registry=REGISTRY,
+)
+max_concurrent_reconciles = Gauge(
+    "controller_runtime_max_concurrent_reconciles",
+    "Maximum number of concurrent reconciles per controller",
+    ["controller"],
+    registry=REGISTRY,
+)
+active_workers = Gauge(
+    "controller_runtime_active_workers",
+    "Number of currently used workers per controller",
+    ["controller"],
+    registry=REGISTRY,
+)
+
+workqueue_depth = Gauge(
+    "workqueue_depth",
+    "Current depth of workqueue by workqueue and priority",
+    ["name", "controller", "priority"],
+    registry=REGISTRY,
+)
+workqueue_adds_total = Counter(
+    "workqueue_adds_total",
+    "Total number of adds handled by workqueue",
+    ["name", "controller"],
+    registry=REGISTRY,
+)
+workqueue_retries_total = Counter(
+    "workqueue_retries_total",
+    "Total number of retries handled by workqueue",
+    ["name", "controller"],
+    registry=REGISTRY,
+)
+workqueue_queue_duration_seconds = Histogram(
+    "workqueue_queue_duration_seconds",
+    "How long in seconds an item stays in workqueue before being requested",
+    ["name", "controller"],
+    buckets=WORKQUEUE_DURATION_BUCKETS,
+    registry=REGISTRY,
+)
+workqueue_work_duration_seconds = Histogram(
+    "workqueue_work_duration_seconds",
+    "How long in seconds processing an item from workqueue takes.",
+    ["name", "controller"],
+    buckets=WORKQUEUE_DURATION_BUCKETS,
+    registry=REGISTRY,
+)
+
+leader_election_master_status = Gauge(
+    "leader_election_master_status",
+    "Gauge of if the reporting system is master of the relevant lease, "
+    "0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. "
+    "Please make sure to group by name.",
+    ["name"],
+    registry=REGISTRY,
+)
+
+
+class InFlightSource(Protocol):
+    """What the scrape-time collector needs from a queue: who it is and its busy time."""
+
+    @property
+    def metrics_labels(self) -> tuple[str, str]:
+        """(name, controller) label values."""
+        ...
+
+    def in_flight_seconds(self) -> list[float]:
+        """How long each item currently being processed has been processing."""
+        ...
+
+
+class _InFlightCollector(Collector):
+    """Computes the unfinished-work gauges from live queues at scrape time.
+
+    Queues are held weakly so a queue dropped without shut_down (tests, a failed start)
+    does not leak or keep reporting.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sources: weakref.WeakSet[InFlightSource] = weakref.WeakSet()
+
+    def register(self, source: InFlightSource) -> None:
+        with self._lock:
+            self._sources.add(source)
+
+    def unregister(self, source: InFlightSource) -> None:
+        with self._lock:
+            self._sources.discard(source)
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        # Describing (rather than collecting) at registration keeps registration cheap
+        # and lets the registry detect name clashes with the families below.
+        return self._families({})
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            sources = list(self._sources)
+        # Two queues may share labels (a test, a restarted controller): sum the unfinished
+        # time and take the max of the longest, as one logical queue would report.
+        totals: dict[tuple[str, str], tuple[float, float]] = {}
+        for source in sources:
+            busy = source.in_flight_seconds()
+            total, longest = totals.get(source.metrics_labels, (0.0, 0.0))
+            totals[source.metrics_labels] = (total + sum(busy), max([longest, *busy]))
+        return self._families(totals)
+
+    @staticmethod
+    def _families(
+        totals: dict[tuple[str, str], tuple[float, float]],
+    ) -> list[GaugeMetricFamily]:
+        unfinished = GaugeMetricFamily(
+            "workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been "
+            "observed by work_duration. Large values indicate stuck threads. One can deduce "
+            "the number of stuck threads by observing the rate at which this increases.",
+            labels=["name", "controller"],
+        )
+        longest = GaugeMetricFamily(
+            "workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running.",
+            labels=["name", "controller"],
+        )
+        for labels, (total, longest_seconds) in sorted(totals.items()):
+            unfinished.add_metric(list(labels), total)
+            longest.add_metric(list(labels), longest_seconds)
+        return [unfinished, longest]
+
+
+in_flight_collector = _InFlightCollector()
+REGISTRY.register(in_flight_collector)
+
+
+class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+    """Serves our REGISTRY at /metrics (text exposition, or OpenMetrics if asked)."""
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path != "/metrics":
+            self._reply(404, "text/plain; charset=utf-8", b"not found\n")
+            return
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        self._reply(200, content_type, encoder(REGISTRY))
+
+    def _reply(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        # Scrapes every few seconds would drown the structured log; stay quiet.
+        return
+
+
+def start_metrics_server(addr: str) -> HTTPServerHandle | None:
+    """Serve ``/metrics`` from REGISTRY on ``addr`` (":8080", "127.0.0.1:0"; "0" disables)."""
+    return serve(addr, _MetricsHandler, thread_name="metrics-server")

@@ -1,0 +1,333 @@
+"""A rate-limited, delaying work queue of string keys, with client-go's semantics.
+
+Why these semantics matter for a controller:
+
+* Stingy: a key already waiting is not queued twice, so a burst of events for one object
+  costs one reconcile, not one per event.
+* Never concurrent per key: a key being processed is not handed to another worker; a
+  re-add while it is processing is remembered ("dirty") and queued again on ``done()``,
+  so the last change is always seen by a reconcile that starts after it.
+* Fair: keys come out in the order they (became ready and) went in.
+
+Delays are kept in a heap inside the queue and promoted on every queue operation, and a
+blocked ``get()`` sleeps on a condition variable only until the earliest delayed key is
+due. That needs no timer thread, and with an injected fake clock a test can advance time
+and call ``get(timeout=0)`` to see exactly what became ready.
+
+One deliberate difference from client-go: after shutdown, ``get()`` stops handing out
+keys still in the queue (client-go hands them out until the queue is empty). Reconcilers
+here have no cancellation context, so working through a backlog would stretch shutdown
+unboundedly; the next leader lists everything and reconciles it anyway. In-flight keys
+are still waited for by ``shut_down_with_drain``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from . import metrics
+
+Clock = Callable[[], float]
+
+
+class RateLimiter(Protocol):
+    """How long a key should wait before its next retry (client-go's RateLimiter)."""
+
+    def when(self, item: str) -> float:
+        """Record one more failure of ``item`` and return its delay in seconds."""
+        ...
+
+    def forget(self, item: str) -> None:
+        """Stop tracking ``item``: its next failure starts from the base delay again."""
+        ...
+
+    def num_requeues(self, item: str) -> int:
+        """How many failures of ``item`` are being tracked."""
+        ...
+
+
+class ItemExponentialFailureRateLimiter:
+    """Per-key delay ``base * 2**failures``, capped at ``max_delay``."""
+
+    def __init__(self, base: float = 0.005, max_delay: float = 1000.0) -> None:
+        if base <= 0 or max_delay <= 0:
+            raise ValueError("base and max_delay must be positive")
+        self._base = base
+        self._max_delay = max_delay
+        self._failures: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def when(self, item: str) -> float:
+        with self._lock:
+            exponent = self._failures.get(item, 0)
+            self._failures[item] = exponent + 1
+        # Clamp the exponent so the float maths cannot overflow on a key failing forever;
+        # a float product that overflows becomes inf, which min() turns into max_delay.
+        return min(self._base * 2.0 ** min(exponent, 1023), self._max_delay)
+
+    def forget(self, item: str) -> None:
+        with self._lock:
+            self._failures.pop(item, None)
+
+    def num_requeues(self, item: str) -> int:
+        with self._lock:
+            return self._failures.get(item, 0)
+
+
+class BucketRateLimiter:
+    """An overall token bucket (``qps`` refill, ``burst`` capacity) shared by all keys.
+
+    ``when()`` reserves a token and returns how long until it is available, so a
+    storm of retries across many keys is spread out instead of hammering the API.
+    """
+
+    def __init__(self, qps: float = 10.0, burst: int = 100, *, clock: Clock = time.monotonic):
+        if qps <= 0 or burst < 1:
+            raise ValueError("qps must be positive and burst at least 1")
+        self._qps = qps
+        self._burst = float(burst)
+        self._clock = clock
+        self._tokens = float(burst)  # a fresh bucket starts full
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def when(self, item: str) -> float:
+        with self._lock:
+            now = self._clock()
+            elapsed = max(0.0, now - self._last)  # a clock going backwards refills nothing
+            self._last = now
+            self._tokens = min(self._burst, self._tokens + elapsed * self._qps)
+            # Reserving may drive the balance negative: later callers queue up behind.
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self._qps
+
+    def forget(self, item: str) -> None:
+        return  # the bucket is shared; there is nothing per key to forget
+
+    def num_requeues(self, item: str) -> int:
+        return 0
+
+
+class MaxOfRateLimiter:
+    """The longest delay of several limiters (every limiter records the failure)."""
+
+    def __init__(self, *limiters: RateLimiter) -> None:
+        if not limiters:
+            raise ValueError("MaxOfRateLimiter needs at least one limiter")
+        self._limiters = limiters
+
+    def when(self, item: str) -> float:
+        return max([limiter.when(item) for limiter in self._limiters])
+
+    def forget(self, item: str) -> None:
+        for limiter in self._limiters:
+            limiter.forget(item)
+
+    def num_requeues(self, item: str) -> int:
+        return max(limiter.num_requeues(item) for limiter in self._limiters)
+
+
+def default_controller_rate_limiter(*, clock: Clock = time.monotonic) -> MaxOfRateLimiter:
+    """client-go's DefaultControllerRateLimiter: per-key 5 ms..1000 s, overall 10 qps/100."""
+    return MaxOfRateLimiter(
+        ItemExponentialFailureRateLimiter(0.005, 1000.0),
+        BucketRateLimiter(10.0, 100, clock=clock),
+    )
+
+
+class RateLimitingQueue:
+    """Work queue with delays and per-key rate limiting; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        controller: str | None = None,
+        rate_limiter: RateLimiter | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.name = name
+        self._rate_limiter = rate_limiter or default_controller_rate_limiter(clock=clock)
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Two conditions on one lock: workers wait for items, drainers for idleness;
+        # a single condition could hand a worker's wake-up to a drainer.
+        self._item_ready = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
+        self._queue: deque[str] = deque()
+        self._dirty: set[str] = set()
+        self._processing: dict[str, float] = {}  # key -> processing start (clock)
+        self._added_at: dict[str, float] = {}  # key -> first add while dirty (clock)
+        self._waiting: list[tuple[float, int, str]] = []  # heap of (ready_at, seq, key)
+        self._waiting_entry: dict[str, tuple[float, int]] = {}  # key -> its live heap entry
+        self._seq = itertools.count()
+        self._shutting_down = False
+        self._labels = (name, controller or name)
+        self._depth = metrics.workqueue_depth.labels(*self._labels, "")
+        self._adds = metrics.workqueue_adds_total.labels(*self._labels)
+        self._retries = metrics.workqueue_retries_total.labels(*self._labels)
+        self._latency = metrics.workqueue_queue_duration_seconds.labels(*self._labels)
+        self._work_duration = metrics.workqueue_work_duration_seconds.labels(*self._labels)
+        self._depth.set(0)
+        metrics.in_flight_collector.register(self)
+
+    # -- adding -------------------------------------------------------------------
+
+    def add(self, item: str) -> None:
+        """Queue ``item`` unless it is already queued (deferred if it is processing)."""
+        with self._lock:
+            now = self._clock()
+            self._promote_ready(now)
+            self._add_locked(item, now)
+
+    def add_after(self, item: str, delay: float) -> None:
+        """Queue ``item`` after ``delay`` seconds; an earlier pending time for it wins."""
+        with self._lock:
+            if self._shutting_down:
+                return
+            self._retries.inc()  # client-go counts every delayed add as a retry
+            now = self._clock()
+            self._promote_ready(now)
+            if delay <= 0:
+                self._add_locked(item, now)
+                return
+            ready_at = now + delay
+            existing = self._waiting_entry.get(item)
+            if existing is not None and existing[0] <= ready_at:
+                return
+            seq = next(self._seq)
+            # A superseded heap entry stays in the heap and is skipped when popped.
+            self._waiting_entry[item] = (ready_at, seq)
+            heapq.heappush(self._waiting, (ready_at, seq, item))
+            if self._waiting[0][1] == seq:
+                # The earliest deadline moved closer: sleeping getters must re-time.
+                self._item_ready.notify_all()
+
+    def add_rate_limited(self, item: str) -> None:
+        """Queue ``item`` after the delay its rate limiter assigns (one more failure)."""
+        if self.shutting_down():
+            return
+        self.add_after(item, self._rate_limiter.when(item))
+
+    def forget(self, item: str) -> None:
+        """Reset ``item``'s failure count (call after a success)."""
+        self._rate_limiter.forget(item)
+
+    def num_requeues(self, item: str) -> int:
+        return self._rate_limiter.num_requeues(item)
+
+    # -- taking -------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> tuple[str | None, bool]:
+        """Take the next key: ``(key, False)``, ``(None, False)`` on timeout, or
+        ``(None, True)`` once the queue is shutting down. Call ``done(key)`` after."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if self._shutting_down:
+                    return None, True
+                now = self._clock()
+                self._promote_ready(now)
+                if self._queue:
+                    return self._take_locked(now), False
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None, False
+                self._item_ready.wait(self._next_wait(now, deadline))
+
+    def done(self, item: str) -> None:
+        """Finish processing ``item``; if it was re-added meanwhile, queue it again."""
+        with self._lock:
+            started = self._processing.pop(item, None)
+            if started is None:
+                return
+            self._work_duration.observe(max(0.0, self._clock() - started))
+            if item in self._dirty:
+                self._queue.append(item)
+                self._item_ready.notify()
+            if not self._processing:
+                self._idle.notify_all()
+
+    # -- shutting down ------------------------------------------------------------
+
+    def shut_down(self) -> None:
+        """Refuse new keys, drop delayed ones, and release every waiting ``get()``."""
+        with self._lock:
+            self._shutting_down = True
+            self._waiting.clear()
+            self._waiting_entry.clear()
+            self._item_ready.notify_all()
+            self._idle.notify_all()
+
+    def shut_down_with_drain(self, timeout: float | None = None) -> bool:
+        """Shut down, then wait until no key is processing; False if ``timeout`` hit."""
+        self.shut_down()
+        with self._lock:
+            return self._idle.wait_for(lambda: not self._processing, timeout)
+
+    def shutting_down(self) -> bool:
+        with self._lock:
+            return self._shutting_down
+
+    def __len__(self) -> int:
+        """Keys ready to be handed out (not those processing or still delayed)."""
+        with self._lock:
+            self._promote_ready(self._clock())
+            return len(self._queue)
+
+    # -- metrics source -------------------------------------------------------------
+
+    @property
+    def metrics_labels(self) -> tuple[str, str]:
+        return self._labels
+
+    def in_flight_seconds(self) -> list[float]:
+        with self._lock:
+            now = self._clock()
+            return [max(0.0, now - started) for started in self._processing.values()]
+
+    # -- internals (lock held) ------------------------------------------------------
+
+    def _add_locked(self, item: str, now: float) -> None:
+        if self._shutting_down or item in self._dirty:
+            return
+        self._adds.inc()
+        self._dirty.add(item)
+        self._added_at.setdefault(item, now)
+        self._depth.set(len(self._dirty))
+        if item in self._processing:
+            return  # done() queues it, so no two workers ever hold the same key
+        self._queue.append(item)
+        self._item_ready.notify()
+
+    def _take_locked(self, now: float) -> str:
+        item = self._queue.popleft()
+        self._dirty.discard(item)
+        self._depth.set(len(self._dirty))
+        self._processing[item] = now
+        added = self._added_at.pop(item, None)
+        if added is not None:
+            self._latency.observe(max(0.0, now - added))
+        return item
+
+    def _promote_ready(self, now: float) -> None:
+        while self._waiting and self._waiting[0][0] <= now:
+            ready_at, seq, item = heapq.heappop(self._waiting)
+            if self._waiting_entry.get(item) != (ready_at, seq):
+                continue  # superseded by an earlier add_after for the same key
+            del self._waiting_entry[item]
+            self._add_locked(item, now)
+
+    def _next_wait(self, now: float, deadline: float | None) -> float | None:
+        """Seconds to sleep: until the caller's deadline or the next delayed key."""
+        waits: list[float] = []
+        if deadline is not None:
+            waits.append(deadline - time.monotonic())
+        if self._waiting:
+            waits.append(self._waiting[0][0] - now)
+        return min(waits) if waits else None
