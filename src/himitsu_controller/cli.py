@@ -156,7 +156,13 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     manager = Manager(
         metrics_bind_address=args.metrics_bind_address,
         health_probe_bind_address=args.health_probe_bind_address,
-        leader_election=_leader_election(rest, args) if args.leader_elect else None,
+        # The elector gets its own client so a renewal never waits behind reconcile
+        # traffic in the client-side rate limiter.
+        leader_election=_leader_election(
+            RestClient(load_api_client(args.kubeconfig, pool_maxsize=2),
+                       user_agent=f"himitsu-controller/{__version__} leader-election"),
+            args,
+        ) if args.leader_elect else None,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
     )
     manager.add_informer(hsecs)

@@ -1,0 +1,86 @@
+"""The two ways a request to the apiserver fails, as the rest of the runtime sees them.
+
+Why not the client's ``ApiException``: its ``str()`` embeds the whole response body and
+headers, and a body can echo what we sent (Secret data); callers also need the Status
+``reason`` ("NotFound", "Conflict", "Expired") that client-go's apierrors exposes, not an
+HTTP reason phrase. ``ApiError`` carries the Status fields only; ``TransportError`` means
+no HTTP status came back at all (connect/read failure, reset, timeout).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["ApiError", "TransportError", "describe_exception"]
+
+# What client-go's apierrors reports when the body is not a Status object.
+_REASON_BY_STATUS = {
+    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
+    405: "MethodNotAllowed", 406: "NotAcceptable", 409: "Conflict", 410: "Gone",
+    413: "RequestEntityTooLarge", 415: "UnsupportedMediaType", 422: "Invalid",
+    429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
+}
+_MAX_MESSAGE = 1000
+
+
+class TransportError(Exception):
+    """The request never produced an HTTP status: connect/read failure, reset, timeout."""
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the apiserver, described by its Status object.
+
+    ``message`` comes from the Status object only, never from the request body, so it
+    cannot echo the data we sent (Secret values).
+    """
+
+    def __init__(self, status: int, reason: str, message: str, *,
+                 retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_response(cls, status: int, body: bytes,
+                      headers: Mapping[str, str] | None = None) -> ApiError:
+        reason = _REASON_BY_STATUS.get(status, "Unknown")
+        message = f"the server responded with status {status}"
+        try:
+            decoded = json.loads(body) if body else None
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict) and decoded.get("kind") == "Status":
+            reason = str(decoded.get("reason") or reason)
+            message = str(decoded.get("message") or message)
+        retry_after = _parse_retry_after((headers or {}).get("Retry-After"))
+        return cls(status, reason, message[:_MAX_MESSAGE], retry_after=retry_after)
+
+    @classmethod
+    def from_status(cls, status_object: Mapping[str, Any]) -> ApiError:
+        """An ApiError from a Status carried in a watch ERROR event."""
+        code = int(status_object.get("code") or 500)
+        reason = str(status_object.get("reason") or _REASON_BY_STATUS.get(code, "Unknown"))
+        message = str(status_object.get("message") or f"watch error {code}")
+        return cls(code, reason, message[:_MAX_MESSAGE])
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    # client-go honours only the integer-seconds form.
+    if value is None:
+        return None
+    try:
+        seconds = int(value.strip())
+    except ValueError:
+        return None
+    return float(seconds) if seconds >= 0 else None
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line naming an exception, short enough for a log field or an error string."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__

@@ -1,0 +1,90 @@
+"""Loading a Kubernetes client configuration without touching the client's globals.
+
+Why not ``kubernetes.config.load_config()``: it mutates the process-wide default
+Configuration, prints to stdout, persists refreshed credentials back into the kubeconfig
+file, and checks the sources in a different order from kubectl and controller-runtime
+(--kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config), which is the order used here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.config.incluster_config import InClusterConfigLoader
+from kubernetes.config.kube_config import load_kube_config
+
+from .apierrors import describe_exception
+
+__all__ = ["ConfigError", "load_api_client", "new_api_client"]
+
+# Module attributes (not constants inlined in the loader) so tests can point them at
+# temporary files.
+SERVICE_ACCOUNT_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
+SERVICE_ACCOUNT_CA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+
+class ConfigError(Exception):
+    """No usable Kubernetes client configuration (one-line message, no credentials)."""
+
+
+def load_api_client(kubeconfig: str | None = None, *,
+                    pool_maxsize: int = 32) -> k8s.ApiClient:
+    """An ApiClient on an explicit Configuration (the client's global default is untouched).
+
+    Source order: ``kubeconfig``, ``$KUBECONFIG``, in-cluster ServiceAccount, ~/.kube/config.
+    In-cluster uses the client's loader with its refresh hook, which re-reads the rotating
+    token file about every minute. ``pool_maxsize`` bounds the kept-alive connections:
+    every open watch holds one for its life, so size it to watches + workers + a few.
+    """
+    configuration = k8s.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG") or None
+    default_path = os.path.expanduser("~/.kube/config")
+    source = "nowhere"
+    try:
+        if path:
+            source = path
+            load_kube_config(config_file=path,  # type: ignore[no-untyped-call]
+                             client_configuration=configuration, persist_config=False)
+        elif _in_cluster():
+            source = "in-cluster service account"
+            loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
+                token_filename=SERVICE_ACCOUNT_TOKEN_PATH, cert_filename=SERVICE_ACCOUNT_CA_PATH)
+            # Also installs the hook that re-reads the rotating token file.
+            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+        elif os.path.isfile(default_path):
+            source = default_path
+            load_kube_config(config_file=default_path,  # type: ignore[no-untyped-call]
+                             client_configuration=configuration, persist_config=False)
+        else:
+            raise ConfigError("no Kubernetes configuration: pass --kubeconfig, set KUBECONFIG,"
+                              " run in a pod, or create ~/.kube/config")
+    except ConfigError:
+        raise
+    except Exception as exc:  # the loaders raise many types (ConfigException, YAML, OSError)
+        raise ConfigError(f"cannot load Kubernetes configuration from {source}: "
+                          f"{describe_exception(exc)}") from None
+    return new_api_client(configuration, pool_maxsize=pool_maxsize)
+
+
+def new_api_client(configuration: k8s.Configuration, *, pool_maxsize: int = 32,
+                   ) -> k8s.ApiClient:
+    """An ApiClient whose transport leaves HTTP-status retries to ``RestClient``.
+
+    With ``Configuration.retries`` unset, urllib3's default Retry re-sends GET/PUT/DELETE
+    answered 429/503/413 with Retry-After by itself, sleeping in the calling thread and
+    out of sight of our rate limiting and logs; it also follows redirects. Connection
+    failures are still retried (3 times): the request never reached the server.
+    """
+    configuration.retries = urllib3.Retry(total=3, redirect=0, status=0,
+                                          respect_retry_after_header=False,
+                                          raise_on_redirect=False, raise_on_status=False)
+    configuration.connection_pool_maxsize = pool_maxsize
+    return k8s.ApiClient(configuration)
+
+
+def _in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")
+                and os.environ.get("KUBERNETES_SERVICE_PORT")
+                and os.path.isfile(SERVICE_ACCOUNT_TOKEN_PATH))

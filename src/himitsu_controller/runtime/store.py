@@ -1,0 +1,150 @@
+"""A thread-safe, indexed cache of Kubernetes objects (raw dicts) keyed "namespace/name".
+
+Why a separate module: the informer writes it, while reconcilers, event mappers and
+probes only read it; keeping the read API (``get``/``list``/``keys``/``by_index``) apart
+from the reflector's write path makes that split visible. Mirrors client-go's
+``cache.Indexer``: an index function maps an object to the values it is filed under,
+and ``by_index`` answers "which objects have this value" without scanning the cache.
+
+Objects are stored and returned as the very dicts decoded from the apiserver: callers
+must treat them as read-only (deep-copy before changing), as with client-go's cache.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import structlog
+
+__all__ = ["IndexFunc", "Store", "object_key"]
+
+log = structlog.get_logger(__name__)
+
+IndexFunc = Callable[[dict[str, Any]], builtins.list[str]]
+Object = dict[str, Any]
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """client-go's MetaNamespaceKeyFunc: "namespace/name", or "name" when cluster-scoped."""
+    metadata = obj.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+class Store:
+    """Objects by key, plus named indices (index name -> value -> set of keys)."""
+
+    def __init__(self, indexers: Mapping[str, IndexFunc] | None = None) -> None:
+        self._lock = threading.RLock()
+        self._items: dict[str, Object] = {}
+        self._indexers: dict[str, IndexFunc] = dict(indexers or {})
+        self._indices: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
+
+    # Reads.
+
+    def get(self, key: str) -> Object | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def keys(self) -> builtins.list[str]:
+        with self._lock:
+            return builtins.list(self._items)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def by_index(self, index: str, value: str) -> builtins.list[Object]:
+        """Objects filed under ``value`` by the indexer ``index`` (KeyError if unknown)."""
+        with self._lock:
+            if index not in self._indices:
+                raise KeyError(f"no indexer named {index!r}")
+            keys = self._indices[index].get(value, ())
+            return [self._items[key] for key in sorted(keys)]
+
+    def add_indexer(self, name: str, func: IndexFunc) -> None:
+        """Add an index; objects already cached are filed at once."""
+        with self._lock:
+            if name in self._indexers:
+                raise ValueError(f"indexer {name!r} already exists")
+            self._indexers[name] = func
+            self._indices[name] = {}
+            for key, obj in self._items.items():
+                self._file(name, key, obj)
+
+    # Writes, used by the informer only.
+
+    def upsert(self, key: str, obj: Object) -> Object | None:
+        """Store ``obj``; return what was there before (None if it is new)."""
+        with self._lock:
+            old = self._items.get(key)
+            if old is not None:
+                self._unfile(key, old)
+            self._items[key] = obj
+            self._file_all(key, obj)
+            return old
+
+    def delete(self, key: str) -> Object | None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._unfile(key, old)
+            return old
+
+    def replace(self, items: Mapping[str, Object],
+                ) -> tuple[builtins.list[tuple[Object | None, Object]], builtins.list[Object]]:
+        """Swap in a fresh listing; return ((old or None, new) in listing order, deleted).
+
+        An object whose resourceVersion did not change is neither reported nor replaced.
+        """
+        changed: builtins.list[tuple[Object | None, Object]] = []
+        with self._lock:
+            for key, obj in items.items():
+                old = self._items.get(key)
+                if old is not None and resource_version(old) == resource_version(obj):
+                    continue
+                self.upsert(key, obj)
+                changed.append((old, obj))
+            vanished = [key for key in self._items if key not in items]
+            deleted = [obj for obj in (self.delete(key) for key in vanished) if obj is not None]
+        return changed, deleted
+
+    def _file_all(self, key: str, obj: Object) -> None:
+        for name in self._indexers:
+            self._file(name, key, obj)
+
+    def _file(self, name: str, key: str, obj: Object) -> None:
+        for value in self._index_values(name, obj):
+            self._indices[name].setdefault(value, set()).add(key)
+
+    def _unfile(self, key: str, obj: Object) -> None:
+        for name in self._indexers:
+            index = self._indices[name]
+            for value in self._index_values(name, obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+
+    def _index_values(self, name: str, obj: Object) -> Iterable[str]:
+        try:
+            return builtins.list(self._indexers[name](obj))
+        except Exception:
+            # A buggy index function must not take the informer down; the object is
+            # simply not filed under that index.
+            log.exception("index function failed", index=name, key=object_key(obj))
+            return ()
+
+    # Last: a method named ``list`` shadows the builtin for annotations below it.
+    def list(self) -> builtins.list[Object]:
+        with self._lock:
+            return builtins.list(self._items.values())

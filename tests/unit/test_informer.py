@@ -1,0 +1,358 @@
+"""The informer (reflector + store) against the fake apiserver's LIST and WATCH."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fake_apiserver import Canned, FakeApiServer, WatchSession, status_body
+from kubernetes import client as k8s
+
+from himitsu_controller.runtime.informer import Informer
+from himitsu_controller.runtime.rest import Resource, RestClient
+from himitsu_controller.runtime.store import Store, object_key
+
+WIDGETS = Resource("example.io", "v1", "widgets")
+TIMEOUT = 10.0
+
+Event = tuple[str, str, str]  # (kind, key, resourceVersion)
+
+
+def rv(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["resourceVersion"])
+
+
+@dataclass
+class Recorder:
+    """Handler calls as (kind, key, resourceVersion), in order, waitable."""
+
+    events: queue.Queue[Event] = field(default_factory=queue.Queue)
+
+    def register(self, informer: Informer) -> None:
+        informer.add_handler(
+            on_add=lambda obj: self.events.put(("add", object_key(obj), rv(obj))),
+            on_update=lambda old, new: self.events.put(("update", object_key(new), rv(new))),
+            on_delete=lambda obj: self.events.put(("delete", object_key(obj), rv(obj))))
+
+    def take(self, count: int) -> list[Event]:
+        return [self.events.get(timeout=TIMEOUT) for _ in range(count)]
+
+    def assert_quiet(self) -> None:
+        assert self.events.empty(), list(self.events.queue)
+
+
+@dataclass
+class Running:
+    informer: Informer
+    recorder: Recorder
+    stop: threading.Event
+    thread: threading.Thread
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    fake = FakeApiServer().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def api_client(server: FakeApiServer) -> Iterator[k8s.ApiClient]:
+    client = server.api_client()
+    yield client
+    FakeApiServer.close_client(client)
+
+
+@pytest.fixture
+def start(api_client: k8s.ApiClient) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def _start(**options: Any) -> Running:
+        options.setdefault("rng", lambda: 0.0)
+        informer = Informer(RestClient(api_client), WIDGETS, namespace="ns", **options)
+        recorder = Recorder()
+        recorder.register(informer)
+        stop = threading.Event()
+        thread = threading.Thread(target=informer.run, args=(stop,), daemon=True)
+        thread.start()
+        running = Running(informer, recorder, stop, thread)
+        started.append(running)
+        return running
+
+    yield _start
+    for running in started:
+        running.stop.set()
+        running.thread.join(timeout=TIMEOUT)
+        assert not running.thread.is_alive(), "informer did not stop"
+
+
+def synced_watch(server: FakeApiServer, running: Running) -> WatchSession:
+    session = server.next_watch()
+    assert running.informer.wait_for_sync(TIMEOUT)
+    return session
+
+
+def test_initial_paginated_list_then_watch_from_its_resource_version(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    for name in "abcde":
+        server.put(name)
+    running = start(page_size=2)
+    session = synced_watch(server, running)
+    assert running.recorder.take(5) == [("add", f"ns/{n}", str(101 + i))
+                                        for i, n in enumerate("abcde")]
+    lists = server.requests_of("GET", watch=False)
+    assert [r.query.get("continue") for r in lists] == [None, "2", "4"]
+    assert {r.query["limit"] for r in lists} == {"2"}
+    assert lists[0].path == "/apis/example.io/v1/namespaces/ns/widgets"
+    assert session.query["resourceVersion"] == "105"
+    assert session.query["allowWatchBookmarks"] == "true"
+    assert 300 <= int(session.query["timeoutSeconds"]) < 600
+    assert running.informer.has_synced()
+    cached = running.informer.store.get("ns/c")
+    assert cached is not None
+    assert (cached["kind"], cached["apiVersion"]) == ("Widget", "example.io/v1")
+    assert sorted(running.informer.store.keys()) == [f"ns/{n}" for n in "abcde"]
+
+
+def test_add_update_delete_events_reach_store_and_handlers(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    running = start()
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a", data={"v": "1"})})
+    session.send({"type": "MODIFIED", "object": server.put("a", data={"v": "2"})})
+    session.send({"type": "DELETED", "object": server.remove("a")})
+    assert running.recorder.take(3) == [("add", "ns/a", "101"), ("update", "ns/a", "102"),
+                                        ("delete", "ns/a", "103")]
+    assert running.informer.store.get("ns/a") is None
+    assert running.informer.last_sync_resource_version == "103"
+
+
+def test_update_with_an_unchanged_resource_version_is_skipped(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    server.put("a")
+    running = start()
+    session = synced_watch(server, running)
+    assert running.recorder.take(1) == [("add", "ns/a", "101")]
+    session.send({"type": "MODIFIED", "object": server.objects["ns/a"]})
+    session.send({"type": "MODIFIED", "object": server.put("a", data={"v": "2"})})
+    assert running.recorder.take(1) == [("update", "ns/a", "102")]
+
+
+def test_clean_close_rewatches_from_the_last_resource_version_without_relisting(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    running = start()
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    session.close()
+    rewatch = server.next_watch()
+    assert rewatch.query["resourceVersion"] == "101"
+    assert len(server.requests_of("GET", watch=False)) == 1
+    assert running.recorder.take(1) == [("add", "ns/a", "101")]
+
+
+def test_bookmarks_move_the_resource_version_without_events(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    running = start()
+    session = synced_watch(server, running)
+    session.send({"type": "BOOKMARK", "object": {"kind": "Widget", "apiVersion": "example.io/v1",
+                                                 "metadata": {"resourceVersion": "500"}}})
+    session.close()
+    assert server.next_watch().query["resourceVersion"] == "500"
+    running.recorder.assert_quiet()
+    assert running.informer.store.keys() == []
+
+
+def test_expired_watch_relists_and_synthesises_deletes(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    for name in "abc":
+        server.put(name)
+    running = start()
+    session = synced_watch(server, running)
+    assert len(running.recorder.take(3)) == 3
+    # While the watch is behind, "a" vanishes, "b" changes, "d" appears, "c" stays.
+    server.remove("a")
+    server.put("b", data={"v": "2"})
+    server.put("d")
+    session.send({"type": "ERROR", "object": status_body(410, "Expired", "too old")})
+    rewatch = server.next_watch()
+    assert running.recorder.take(3) == [("update", "ns/b", "105"), ("add", "ns/d", "106"),
+                                        ("delete", "ns/a", "101")]
+    assert sorted(running.informer.store.keys()) == ["ns/b", "ns/c", "ns/d"]
+    assert rewatch.query["resourceVersion"] == "106"
+    assert len(server.requests_of("GET", watch=False)) == 2
+
+
+def test_watch_refused_with_410_relists(server: FakeApiServer,
+                                        start: Callable[..., Running]) -> None:
+    running = start()
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    assert running.recorder.take(1) == [("add", "ns/a", "101")]
+    server.canned.append(Canned(410, status_body(410, "Gone", "too old")))
+    session.close()
+    server.next_watch()
+    lists = server.requests_of("GET", watch=False)
+    assert len(lists) == 2
+    running.recorder.assert_quiet()  # nothing changed: the relist announces nothing
+
+
+def test_expired_continue_token_restarts_the_list_in_one_page(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    for name in "abcde":
+        server.put(name)
+    server.expire_continue = 1
+    running = start(page_size=2)
+    synced_watch(server, running)
+    assert sorted(running.informer.store.keys()) == [f"ns/{n}" for n in "abcde"]
+    lists = server.requests_of("GET", watch=False)
+    assert [(r.query.get("limit"), r.query.get("continue")) for r in lists] == [
+        ("2", None), ("2", "2"), (None, None)]
+    assert len(running.recorder.take(5)) == 5
+
+
+def test_read_timeout_rewatches_from_the_last_resource_version(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    running = start(watch_read_timeout=0.3)
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    # ...then the connection goes silent (half-open): the client read timeout trips.
+    rewatch = server.next_watch()
+    assert rewatch.query["resourceVersion"] == "101"
+    assert len(server.requests_of("GET", watch=False)) == 1
+
+
+def test_stop_ends_run_promptly_while_a_watch_hangs(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    running = start(watch_read_timeout=300.0)
+    synced_watch(server, running)  # the session never sends anything
+    running.stop.set()
+    running.thread.join(timeout=TIMEOUT)  # far below the read timeout
+    assert not running.thread.is_alive()
+
+
+def test_selectors_are_sent_on_list_and_watch(server: FakeApiServer,
+                                              start: Callable[..., Running]) -> None:
+    running = start(label_selector="himitsu.io/managed=true", field_selector="type=Opaque")
+    session = synced_watch(server, running)
+    (listing,) = server.requests_of("GET", watch=False)
+    for query in (listing.query, session.query):
+        assert query["labelSelector"] == "himitsu.io/managed=true"
+        assert query["fieldSelector"] == "type=Opaque"
+
+
+def test_a_failing_handler_does_not_stop_the_informer(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    running = start()
+
+    def explode(obj: dict[str, Any]) -> None:
+        raise RuntimeError("handler bug")
+
+    running.informer.add_handler(on_add=explode)
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    session.send({"type": "ADDED", "object": server.put("b")})
+    assert running.recorder.take(2) == [("add", "ns/a", "101"), ("add", "ns/b", "102")]
+    assert running.thread.is_alive()
+
+
+def test_a_late_handler_gets_the_cache_replayed(server: FakeApiServer,
+                                                start: Callable[..., Running]) -> None:
+    server.put("a")
+    running = start()
+    synced_watch(server, running)
+    late = Recorder()
+    late.register(running.informer)
+    assert late.take(1) == [("add", "ns/a", "101")]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
+    """Deadline polling, for state that has no event to wait on."""
+    pause = threading.Event()
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(0.005)
+    return True
+
+
+def test_list_failure_backs_off_and_reports_unhealthy_until_it_recovers(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    ticks = itertools.count(start=1000)
+    failure = Canned(500, status_body(500, "InternalError", "etcd down"))
+    server.canned.extend([failure, failure])  # unhealthy for two backoffs (0.8 s + 1.6 s)
+    running = start(clock=lambda: float(next(ticks)))
+    assert wait_until(lambda: running.informer.unhealthy_for() > 0)
+    assert not running.informer.has_synced()
+    session = server.next_watch()  # a retry after the backoff succeeded
+    assert session.query["resourceVersion"] == "100"
+    assert running.informer.has_synced()
+    assert running.informer.unhealthy_for() == 0.0
+    assert len(server.requests_of("GET", watch=False)) == 3
+
+
+def test_indexers_follow_adds_updates_and_deletes(server: FakeApiServer,
+                                                  start: Callable[..., Running]) -> None:
+    def by_colour(obj: dict[str, Any]) -> list[str]:
+        return [str(obj["data"]["colour"])] if "colour" in obj["data"] else []
+
+    server.put("a", data={"colour": "red"})
+    running = start(indexers={"colour": by_colour})
+    session = synced_watch(server, running)
+    store = running.informer.store
+    assert [object_key(o) for o in store.by_index("colour", "red")] == ["ns/a"]
+    session.send({"type": "MODIFIED", "object": server.put("a", data={"colour": "blue"})})
+    session.send({"type": "ADDED", "object": server.put("b", data={"colour": "blue"})})
+    running.recorder.take(3)
+    assert store.by_index("colour", "red") == []
+    assert [object_key(o) for o in store.by_index("colour", "blue")] == ["ns/a", "ns/b"]
+    session.send({"type": "DELETED", "object": server.remove("a")})
+    running.recorder.take(1)
+    assert [object_key(o) for o in store.by_index("colour", "blue")] == ["ns/b"]
+
+
+# The store on its own.
+
+def widget(name: str, version: str, **data: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": version},
+            "data": dict(data)}
+
+
+def test_store_replace_reports_the_diff() -> None:
+    store = Store()
+    store.upsert("ns/a", widget("a", "1"))
+    store.upsert("ns/b", widget("b", "1"))
+    store.upsert("ns/d", widget("d", "1"))
+    changed, deleted = store.replace({"ns/b": widget("b", "2"), "ns/c": widget("c", "1"),
+                                      "ns/d": widget("d", "1")})
+    assert [(old and rv(old), object_key(new), rv(new)) for old, new in changed] == [
+        ("1", "ns/b", "2"), (None, "ns/c", "1")]  # "d" is unchanged: not reported
+    assert [object_key(o) for o in deleted] == ["ns/a"]
+    assert sorted(store.keys()) == ["ns/b", "ns/c", "ns/d"]
+
+
+def test_store_indexer_added_later_files_existing_objects() -> None:
+    store = Store()
+    store.upsert("ns/a", widget("a", "1", target="s1"))
+    store.add_indexer("target", lambda o: [o["data"]["target"]])
+    assert [object_key(o) for o in store.by_index("target", "s1")] == ["ns/a"]
+    with pytest.raises(KeyError):
+        store.by_index("missing", "x")
+
+
+def test_store_survives_a_failing_index_function() -> None:
+    store = Store({"target": lambda o: [o["data"]["target"]]})
+    store.upsert("ns/a", widget("a", "1"))  # no "target": the index function raises
+    assert store.get("ns/a") is not None
+    assert store.by_index("target", "s1") == []
+
+
+def test_object_key_for_cluster_scoped_objects() -> None:
+    assert object_key({"metadata": {"name": "n1"}}) == "n1"
+    assert object_key({"metadata": {"name": "a", "namespace": "ns"}}) == "ns/a"
