@@ -50,7 +50,8 @@ _HEX = "[0-9a-fA-F]"
 _UUID_RE = re.compile(rf"^{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DATA_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
-_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+# [0-9], not \d: Go accepts ASCII digits only, and \d would let float() read any script's.
+_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {
     "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6,
     "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0,
@@ -240,7 +241,8 @@ def parse_status(obj: Mapping[str, Any]) -> Status:
     if not isinstance(raw, Mapping):
         return Status()
     ready = None
-    for cond in raw.get("conditions") or []:
+    conditions = raw.get("conditions")
+    for cond in conditions if isinstance(conditions, list) else []:
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
             ready = Condition(
                 type="Ready", status=str(cond.get("status", "Unknown")),
@@ -330,6 +332,6 @@ def _int_or_none(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return None

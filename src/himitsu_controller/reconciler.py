@@ -113,7 +113,7 @@ class HimitsuSecretReconciler:
     ) -> None:
         self._kube = kube
         self._fetcher = fetcher
-        self._allowed = [u.strip() for u in allowed_api_urls if u.strip()]
+        self._allowed = [_normalise_prefix(u) for u in allowed_api_urls if u.strip()]
         self._now = now
         self._rng = rng
         self._status = StatusWriter(kube, now=now)
@@ -233,6 +233,10 @@ class HimitsuSecretReconciler:
             # The cache disagrees with our last write: it lags, or someone else wrote.
             # One direct read tells which, instead of a needless full fetch and rewrite.
             target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
+            # Whichever it was, the fresh copy is now the one to expect: without this, a
+            # write by someone else (a foreign key added to a Merge target) would cost a
+            # direct read on every poll from then on.
+            mem.target_rv = _rv(target)
         return target
 
     def _token(self, namespace: str, spec: api.Spec) -> str:
@@ -388,6 +392,15 @@ class HimitsuSecretReconciler:
         with self._lock:
             self._memory.pop(key, None)
         self._status.forget(key)
+
+
+def _normalise_prefix(prefix: str) -> str:
+    """Normalise an allowed prefix as apiUrl is (host case, default port, trailing slash),
+    or an operator's ``https://Himitsu.example.com:443/`` would refuse every apiUrl."""
+    try:
+        return himitsu.validate_api_url(prefix)
+    except himitsu.HimitsuError:
+        return prefix.strip().rstrip("/")
 
 
 def _under_prefix(url: str, prefix: str) -> bool:

@@ -33,7 +33,7 @@ class Owner:
     uid: str
 
 
-def annotations(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
+def annotations_of(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
     if not secret:
         return {}
     return (secret.get("metadata") or {}).get("annotations") or {}
@@ -46,12 +46,12 @@ def labels(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
 
 
 def owned_by(secret: Mapping[str, Any] | None) -> str | None:
-    value = annotations(secret).get(api.ANN_OWNED_BY)
+    value = annotations_of(secret).get(api.ANN_OWNED_BY)
     return value or None
 
 
 def managed_keys(secret: Mapping[str, Any] | None) -> list[str]:
-    raw = annotations(secret).get(api.ANN_MANAGED_KEYS, "")
+    raw = annotations_of(secret).get(api.ANN_MANAGED_KEYS, "")
     return sorted({k for k in raw.split(",") if k})
 
 
@@ -78,14 +78,35 @@ def check_ownership(
 
 
 def _created_by_operator(secret: Mapping[str, Any]) -> bool:
-    return labels(secret).get(api.LABEL_MANAGED) == "true" and owned_by(secret) is not None
+    # Our label and owned-by are also stamped on a foreign Secret we merged keys into;
+    # only the managed-by label we set on creation (or our controller reference) says we
+    # created it, so an Owner HimitsuSecret never wipes, say, a Helm Secret's keys.
+    if labels(secret).get(api.LABEL_MANAGED) != "true" or owned_by(secret) is None:
+        return False
+    return (labels(secret).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE
+            or _has_our_controller_ref(secret.get("metadata") or {}))
+
+
+def _is_our_controller_ref(ref: Any) -> bool:
+    return (isinstance(ref, Mapping) and bool(ref.get("controller"))
+            and ref.get("kind") == api.KIND
+            and str(ref.get("apiVersion", "")).startswith(f"{api.GROUP}/"))
+
+
+def _has_our_controller_ref(meta: Mapping[str, Any]) -> bool:
+    return any(_is_our_controller_ref(r) for r in meta.get("ownerReferences") or [])
 
 
 def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str) -> list[str]:
     """Keys of ``secret`` this operator wrote last time (all of them for an Owner target)."""
     if secret is None or owned_by(secret) is None:
         return []
-    if policy == "Owner":
+    # Judged by how the target was written, not only by the policy now asked for: an
+    # Owner target (our controller reference, no managed-keys record) holds only our
+    # keys, so a HimitsuSecret moved from Owner to Merge still knows them as its own.
+    written_as_owner = (api.ANN_MANAGED_KEYS not in annotations_of(secret)
+                        and _has_our_controller_ref(secret.get("metadata") or {}))
+    if policy == "Owner" or written_as_owner:
         return sorted((secret.get("data") or {}).keys())
     return managed_keys(secret)
 
@@ -106,7 +127,7 @@ def is_consistent(
     """
     if secret is None or version is None:
         return False
-    ann = annotations(secret)
+    ann = annotations_of(secret)
     return (
         labels(secret).get(api.LABEL_MANAGED) == "true"
         and owned_by(secret) == owner.name
@@ -134,6 +155,13 @@ def desired_secret(
         _set_controller_ref(meta, owner)
     else:
         data = _merged_data(existing, owner=owner, rendered=rendered)
+        # Merge sets no controller reference (the Secret outlives the HimitsuSecret);
+        # drop the one an earlier Owner policy set, or garbage collection would take it.
+        refs = [r for r in meta.get("ownerReferences") or [] if not _is_our_controller_ref(r)]
+        if refs:
+            meta["ownerReferences"] = refs
+        else:
+            meta.pop("ownerReferences", None)
     body["data"] = data
     body.pop("stringData", None)
     meta_labels = meta.setdefault("labels", {})

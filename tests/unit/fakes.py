@@ -1,0 +1,258 @@
+"""In-memory stand-ins for the reconciler's two ports, shared by the unit tests.
+
+`FakeKube` behaves like a tiny apiserver behind an informer: objects get a uid and a
+resourceVersion that grows on every write, an update carrying a stale resourceVersion
+gets a 409, a delete honours its uid precondition, a status patch is a JSON merge patch.
+Reads can be served from a deliberately stale "cache" (`freeze_cache`) while a fresh
+read sees the truth, which is exactly the informer lag the reconciler's expectations
+must survive. Every call is counted, and any call can be made to fail once.
+
+`FakeFetcher` plays back a script of results and exceptions and records the
+``known_version`` each call carried, which is how the tests tell a conditional request
+from a full fetch.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from himitsu_controller import himitsu
+from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    namespace: str
+    name: str
+    type: str
+    reason: str
+    message: str
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def unb64(data: Mapping[str, str]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode("utf-8") for k, v in data.items()}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+class FakeKube:
+    """The reconciler's ``Kube`` protocol over dicts, with apiserver-like concurrency."""
+
+    def __init__(self) -> None:
+        self.himitsu_secrets: dict[Key, dict[str, Any]] = {}
+        self.secrets: dict[Key, dict[str, Any]] = {}
+        self.events: list[RecordedEvent] = []
+        self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
+        self.calls: Counter[str] = Counter()
+        self.forgotten: list[Key] = []
+        # Exceptions to raise from the next call of a method (one per entry).
+        self.fail_next: dict[str, list[Exception]] = {}
+        self._frozen_secrets: dict[Key, dict[str, Any] | None] = {}
+        self._frozen_hsecs: dict[Key, dict[str, Any] | None] = {}
+        self._rv = itertools.count(1000)
+        self._uid = itertools.count(1)
+
+    # -- arranging the world ---------------------------------------------------------
+
+    def add_himitsu_secret(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"hsec-uid-{next(self._uid)}")
+        meta.setdefault("generation", 1)
+        meta["resourceVersion"] = str(next(self._rv))
+        self.himitsu_secrets[(meta["namespace"], meta["name"])] = copy.deepcopy(obj)
+        return obj
+
+    def put_secret(self, secret: dict[str, Any]) -> dict[str, Any]:
+        """Store a Secret as if someone else had written it (bypasses counting)."""
+        stored = copy.deepcopy(secret)
+        stored.setdefault("apiVersion", "v1")
+        stored.setdefault("kind", "Secret")
+        meta = stored.setdefault("metadata", {})
+        meta.setdefault("uid", f"secret-uid-{next(self._uid)}")
+        meta["resourceVersion"] = str(next(self._rv))
+        self.secrets[(meta["namespace"], meta["name"])] = stored
+        return copy.deepcopy(stored)
+
+    def edit_secret(self, namespace: str, name: str, **changes: Any) -> dict[str, Any]:
+        """A hand edit: replace top-level fields (``data=...``) and bump the version."""
+        stored = copy.deepcopy(self.secrets[(namespace, name)])
+        stored.update(copy.deepcopy(changes))
+        stored["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.secrets[(namespace, name)] = stored
+        return copy.deepcopy(stored)
+
+    def freeze_cache(self, namespace: str, name: str) -> None:
+        """From now on cached reads of this Secret return what it holds now."""
+        self._frozen_secrets[(namespace, name)] = copy.deepcopy(
+            self.secrets.get((namespace, name)))
+
+    def freeze_himitsu_secret(self, namespace: str, name: str) -> None:
+        """From now on reads of this HimitsuSecret return what it holds now (stale status)."""
+        self._frozen_hsecs[(namespace, name)] = copy.deepcopy(
+            self.himitsu_secrets.get((namespace, name)))
+
+    def thaw(self) -> None:
+        self._frozen_secrets.clear()
+        self._frozen_hsecs.clear()
+
+    def secret(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.secrets[(namespace, name)])
+
+    def status(self, namespace: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.himitsu_secrets[(namespace, name)].get("status") or {})
+
+    def writes(self) -> int:
+        return self.calls["create_secret"] + self.calls["update_secret"] + self.calls[
+            "delete_secret"]
+
+    def _maybe_fail(self, method: str) -> None:
+        self.calls[method] += 1
+        pending = self.fail_next.get(method)
+        if pending:
+            raise pending.pop(0)
+
+    # -- the Kube protocol -----------------------------------------------------------
+
+    def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._maybe_fail("get_himitsu_secret")
+        key = (namespace, name)
+        obj = self._frozen_hsecs[key] if key in self._frozen_hsecs else \
+            self.himitsu_secrets.get(key)
+        return copy.deepcopy(obj)
+
+    def get_secret(
+        self, namespace: str, name: str, *, fresh: bool = False,
+    ) -> dict[str, Any] | None:
+        self._maybe_fail("get_secret_fresh" if fresh else "get_secret")
+        key = (namespace, name)
+        if not fresh and key in self._frozen_secrets:
+            return copy.deepcopy(self._frozen_secrets[key])
+        return copy.deepcopy(self.secrets.get(key))
+
+    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        self._maybe_fail("read_secret_value")
+        secret = self.secrets.get((namespace, name))
+        if secret is None:
+            raise SecretNotFound(name)
+        encoded = (secret.get("data") or {}).get(key)
+        return None if encoded is None else base64.b64decode(encoded)
+
+    def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
+        self.calls["forget_secret_value"] += 1
+        self.forgotten.append((namespace, name))
+
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._maybe_fail("create_secret")
+        name = body["metadata"]["name"]
+        if (namespace, name) in self.secrets:
+            raise Conflict(f"Secret {name!r} already exists", status=409)
+        stored = copy.deepcopy(body)
+        stored["metadata"].pop("resourceVersion", None)
+        stored["metadata"]["uid"] = f"secret-uid-{next(self._uid)}"
+        stored["metadata"]["namespace"] = namespace
+        stored["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.secrets[(namespace, name)] = stored
+        return copy.deepcopy(stored)
+
+    def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._maybe_fail("update_secret")
+        name = body["metadata"]["name"]
+        current = self.secrets.get((namespace, name))
+        if current is None:
+            raise Conflict(f"Secret {name!r} changed while writing", status=409)
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise Conflict(f"Secret {name!r} changed while writing", status=409)
+        if body.get("type", "Opaque") != current.get("type", "Opaque"):
+            raise KubeError(f"updating Secret {name!r} failed: 422 Invalid: type is immutable",
+                            status=422)
+        stored = copy.deepcopy(body)
+        stored["metadata"]["uid"] = current["metadata"]["uid"]
+        stored["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.secrets[(namespace, name)] = stored
+        return copy.deepcopy(stored)
+
+    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None:
+        self._maybe_fail("delete_secret")
+        current = self.secrets.get((namespace, name))
+        if current is None:
+            return
+        if current["metadata"]["uid"] != uid:
+            raise Conflict(f"Secret {name!r} was replaced", status=409)
+        del self.secrets[(namespace, name)]
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._maybe_fail("patch_status")
+        self.status_patches.append((namespace, name, copy.deepcopy(status)))
+        obj = self.himitsu_secrets[(namespace, name)]
+        obj["status"] = merge_patch(obj.get("status") or {}, status)
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+
+    def record_event(
+        self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,
+    ) -> None:
+        self._maybe_fail("record_event")
+        meta = obj.get("metadata") or {}
+        self.events.append(RecordedEvent(
+            namespace=str(meta.get("namespace")), name=str(meta.get("name")),
+            type=type, reason=reason, message=message,
+        ))
+
+
+@dataclass(frozen=True)
+class FetchCall:
+    api_url: str
+    project_id: str
+    environment_id: str
+    token: str
+    known_version: int | None
+
+
+class FakeFetcher:
+    """Plays back ``script`` (results, or exceptions to raise) one call at a time."""
+
+    def __init__(self, *script: himitsu.FetchResult | Exception) -> None:
+        self.script: list[himitsu.FetchResult | Exception] = list(script)
+        self.calls: list[FetchCall] = []
+
+    def then(self, *more: himitsu.FetchResult | Exception) -> FakeFetcher:
+        self.script.extend(more)
+        return self
+
+    @property
+    def known_versions(self) -> list[int | None]:
+        return [c.known_version for c in self.calls]
+
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None,
+    ) -> himitsu.FetchResult:
+        self.calls.append(FetchCall(api_url, project_id, environment_id, token, known_version))
+        if not self.script:
+            raise AssertionError(f"unexpected fetch #{len(self.calls)}")
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step

@@ -1,0 +1,312 @@
+"""Tests for kube.py: the reconciler's Kubernetes port, against a recording RestClient.
+
+What matters here is what reaches the apiserver: cached reads send nothing, a cache miss
+or a fresh read is one GET, the token is re-read at most every five minutes and at once
+after a forget, writes carry the right verb, path, body and content type, and errors
+turn into the reconciler's types with messages that are safe to show.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from himitsu_controller import api
+from himitsu_controller.kube import TOKEN_TTL, KubeClient
+from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
+from himitsu_controller.runtime.rest import ApiError, RestClient
+
+SECRET_PATH = "/api/v1/namespaces/apps/secrets/app-secrets"
+TOKEN_PATH = "/api/v1/namespaces/apps/secrets/himitsu-token"
+TOKEN = "himi_0123456789abcdef_" + "T" * 43
+
+
+@dataclass
+class Sent:
+    method: str
+    path: str
+    body: Any
+    content_type: str | None
+
+
+class RecordingRest:
+    """Answers ``request`` from a table of (method, path) -> dict | ApiError."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str, str], list[dict[str, Any] | ApiError]] = {}
+        self.sent: list[Sent] = []
+
+    def answer(self, method: str, path: str, *answers: dict[str, Any] | ApiError) -> None:
+        self.answers.setdefault((method, path), []).extend(answers)
+
+    def request(self, method: str, path: str, *, query: Any = None, body: Any = None,
+                content_type: str | None = None, timeout: float = 30.0,
+                verb: str | None = None) -> dict[str, Any]:
+        self.sent.append(Sent(method, path, body, content_type))
+        queue = self.answers.get((method, path))
+        if not queue:
+            raise AssertionError(f"unexpected {method} {path}")
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(answer, ApiError):
+            raise answer
+        return answer
+
+
+class DictStore:
+    def __init__(self, objects: dict[str, dict[str, Any]] | None = None) -> None:
+        self.objects = objects or {}
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.objects.get(key)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def secret(name: str = "app-secrets", **data: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"namespace": "apps", "name": name, "resourceVersion": "5",
+                         "uid": "u-1", "creationTimestamp": "2024-01-01T00:00:00Z",
+                         "managedFields": [{"manager": "x"}]},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+
+
+def error(status: int, message: str = "the server said something") -> ApiError:
+    reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid",
+               500: "InternalError", 400: "BadRequest"}
+    return ApiError(status, reasons.get(status, "Unknown"), message)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.rest = RecordingRest()
+        self.hsecs = DictStore()
+        self.secrets = DictStore()
+        self.clock = Clock()
+        # KubeClient only calls RestClient.request; the recording double has that shape.
+        rest: RestClient = self.rest  # type: ignore[assignment]
+        self.client = KubeClient(rest, himitsu_secrets=self.hsecs, secrets=self.secrets,
+                                 clock=self.clock, instance="pod-1")
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def test_himitsu_secret_comes_from_its_informer(h: Harness) -> None:
+    h.hsecs.objects["apps/app-config"] = {"metadata": {"name": "app-config"}}
+    assert h.client.get_himitsu_secret("apps", "app-config") == {
+        "metadata": {"name": "app-config"}}
+    assert h.client.get_himitsu_secret("apps", "other") is None
+    assert h.rest.sent == []
+
+
+def test_cached_secret_needs_no_request(h: Harness) -> None:
+    h.secrets.objects["apps/app-secrets"] = secret()
+    assert h.client.get_secret("apps", "app-secrets") == secret()
+    assert h.rest.sent == []
+
+
+def test_cache_miss_and_fresh_reads_go_to_the_apiserver(h: Harness) -> None:
+    h.rest.answer("GET", SECRET_PATH, secret(A="direct"))
+    assert h.client.get_secret("apps", "app-secrets") == secret(A="direct")
+    h.secrets.objects["apps/app-secrets"] = secret(A="cached")
+    assert h.client.get_secret("apps", "app-secrets", fresh=True) == secret(A="direct")
+    assert [(s.method, s.path) for s in h.rest.sent] == [("GET", SECRET_PATH)] * 2
+
+
+def test_missing_secret_is_none(h: Harness) -> None:
+    h.rest.answer("GET", SECRET_PATH, error(404))
+    assert h.client.get_secret("apps", "app-secrets") is None
+
+
+def test_read_errors_are_kube_errors(h: Harness) -> None:
+    h.rest.answer("GET", SECRET_PATH, error(500, "etcd is on fire"))
+    with pytest.raises(KubeError) as info:
+        h.client.get_secret("apps", "app-secrets")
+    assert str(info.value) == "reading Secret 'app-secrets' failed: 500 InternalError"
+    assert info.value.status == 500
+
+
+# --- the token cache -------------------------------------------------------------------
+
+
+def test_token_is_decoded_and_cached_for_five_minutes(h: Harness) -> None:
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+    h.clock.now += TOKEN_TTL - 1
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+    assert len(h.rest.sent) == 1
+    h.clock.now += 1
+    h.client.read_secret_value("apps", "himitsu-token", "token")
+    assert len(h.rest.sent) == 2
+
+
+def test_token_is_read_from_the_apiserver_even_when_cached_by_the_informer(h: Harness) -> None:
+    h.secrets.objects["apps/himitsu-token"] = secret("himitsu-token", token="stale")
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+
+
+def test_forget_makes_the_next_read_fresh(h: Harness) -> None:
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token="old"),
+                  secret("himitsu-token", token="new"))
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"old"
+    h.client.forget_secret_value("apps", "himitsu-token", "other-key")
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"old"
+    h.client.forget_secret_value("apps", "himitsu-token", "token")
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"new"
+    assert len(h.rest.sent) == 2
+
+
+def test_token_cache_is_per_key(h: Harness) -> None:
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token="a", other="b"))
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"a"
+    assert h.client.read_secret_value("apps", "himitsu-token", "other") == b"b"
+
+
+def test_missing_token_secret_and_key(h: Harness) -> None:
+    h.rest.answer("GET", TOKEN_PATH, error(404))
+    with pytest.raises(SecretNotFound):
+        h.client.read_secret_value("apps", "himitsu-token", "token")
+    h.rest.answers.clear()
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", other="x"))
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") is None
+    # A missing key is not cached: adding it is picked up at the next reconcile.
+    h.rest.answers.clear()
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+
+
+def test_undecodable_token_value_reads_as_empty(h: Harness) -> None:
+    broken = secret("himitsu-token")
+    broken["data"]["token"] = "not base64!"
+    h.rest.answer("GET", TOKEN_PATH, broken)
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b""
+
+
+def test_token_read_denied_keeps_the_apiserver_reason(h: Harness) -> None:
+    h.rest.answer("GET", TOKEN_PATH, error(403, 'secrets "himitsu-token" is forbidden'))
+    with pytest.raises(KubeError) as info:
+        h.client.read_secret_value("apps", "himitsu-token", "token")
+    assert "403 Forbidden: secrets \"himitsu-token\" is forbidden" in str(info.value)
+
+
+# --- writes ----------------------------------------------------------------------------
+
+
+def test_create_strips_server_fields(h: Harness) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", secret(A="1"))
+    assert h.client.create_secret("apps", secret(A="1")) == secret(A="1")
+    (sent,) = h.rest.sent
+    assert sent.body["metadata"] == {"namespace": "apps", "name": "app-secrets"}
+    assert sent.body["data"] == secret(A="1")["data"]
+
+
+def test_create_conflict(h: Harness) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", error(409))
+    with pytest.raises(Conflict):
+        h.client.create_secret("apps", secret())
+
+
+def test_update_is_conditional_on_the_resource_version(h: Harness) -> None:
+    h.rest.answer("PUT", SECRET_PATH, secret(A="2"))
+    h.client.update_secret("apps", secret(A="2"))
+    (sent,) = h.rest.sent
+    assert sent.body["metadata"]["resourceVersion"] == "5"
+
+
+@pytest.mark.parametrize("status", [404, 409])
+def test_update_races_are_conflicts(h: Harness, status: int) -> None:
+    h.rest.answer("PUT", SECRET_PATH, error(status))
+    with pytest.raises(Conflict) as info:
+        h.client.update_secret("apps", secret())
+    assert info.value.status == 409
+
+
+def test_delete_carries_a_uid_precondition(h: Harness) -> None:
+    h.rest.answer("DELETE", SECRET_PATH, {})
+    h.client.delete_secret("apps", "app-secrets", uid="u-1")
+    assert h.rest.sent[0].body["preconditions"] == {"uid": "u-1"}
+    h.rest.answers.clear()
+    h.rest.answer("DELETE", SECRET_PATH, error(404))
+    h.client.delete_secret("apps", "app-secrets", uid="u-1")  # already gone: fine
+    h.rest.answers.clear()
+    h.rest.answer("DELETE", SECRET_PATH, error(409))
+    with pytest.raises(Conflict):
+        h.client.delete_secret("apps", "app-secrets", uid="u-1")
+
+
+def test_status_patch_is_a_merge_patch_on_the_status_subresource(h: Harness) -> None:
+    path = "/apis/himitsu.io/v1alpha1/namespaces/apps/himitsusecrets/app-config/status"
+    h.rest.answer("PATCH", path, {})
+    h.client.patch_status("apps", "app-config", {"configVersion": 3, "lastForceSync": None})
+    (sent,) = h.rest.sent
+    assert sent.content_type == "application/merge-patch+json"
+    assert sent.body == {"status": {"configVersion": 3, "lastForceSync": None}}
+    h.rest.answers.clear()
+    h.rest.answer("PATCH", path, error(500, "boom"))
+    with pytest.raises(KubeError, match="updating status of HimitsuSecret 'app-config' failed"):
+        h.client.patch_status("apps", "app-config", {})
+
+
+@pytest.mark.parametrize(("status", "shown"), [
+    (403, True), (422, True), (400, False), (500, False), (409, False)])
+def test_only_denials_and_validation_errors_show_the_apiserver_message(
+    h: Harness, status: int, shown: bool,
+) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets",
+                  error(status, "APISERVER-TEXT"))
+    with pytest.raises(KubeError) as info:
+        h.client.create_secret("apps", secret())
+    assert ("APISERVER-TEXT" in str(info.value)) is shown
+    if status != 409:
+        assert str(info.value).startswith(f"creating Secret 'app-secrets' failed: {status} ")
+
+
+def test_long_apiserver_messages_are_cut(h: Harness) -> None:
+    h.rest.answer("PUT", SECRET_PATH, error(422, "x" * 5000))
+    with pytest.raises(KubeError) as info:
+        h.client.update_secret("apps", secret())
+    assert len(str(info.value)) < 400
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+def test_event_shape(h: Harness) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/events", {})
+    obj = {"metadata": {"namespace": "apps", "name": "app-config", "uid": "u-9",
+                        "resourceVersion": "77"}}
+    h.client.record_event(obj, type="Warning", reason="FetchFailure", message="m" * 5000)
+    (sent,) = h.rest.sent
+    event = sent.body
+    assert event["metadata"] == {"generateName": "app-config.", "namespace": "apps"}
+    assert event["involvedObject"] == {
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "namespace": "apps",
+        "name": "app-config", "uid": "u-9", "resourceVersion": "77"}
+    assert (event["type"], event["reason"]) == ("Warning", "FetchFailure")
+    assert len(event["message"]) == 1024
+    assert event["source"] == {"component": "himitsu-operator"}
+    assert event["reportingInstance"] == "pod-1"
+    assert event["firstTimestamp"] == event["lastTimestamp"]
+    assert event["count"] == 1
+
+
+def test_event_errors_are_kube_errors(h: Harness) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/events", error(403, "no events for you"))
+    with pytest.raises(KubeError, match="recording an Event failed: 403 Forbidden"):
+        h.client.record_event({"metadata": {"namespace": "apps", "name": "x"}},
+                              type="Normal", reason="Synced", message="m")

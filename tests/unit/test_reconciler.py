@@ -1,0 +1,463 @@
+"""Tests for reconciler.py: the sync contract, end to end against in-memory fakes.
+
+Each test names one promise of the contract (spec/operator-readme.txt and the design's
+Reconcile section) and checks it through what a user or the apiserver would see: the
+requests sent to Himitsu (conditional or full), the Secret written or left alone, and
+the status. Failures, timing, Events and the canary are in test_reconciler_failures.py;
+the world both run in is reconcile_world.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakes import FakeFetcher, b64
+from reconcile_world import (
+    API,
+    CANARY,
+    ENV,
+    KEY,
+    NAME,
+    NS,
+    OTHER_ENV,
+    PROJECT,
+    TARGET,
+    TOKEN,
+    World,
+    add_other,
+    fetched,
+    make_hsec,
+    merge_world,
+    values,
+)
+
+from himitsu_controller import api, himitsu
+from himitsu_controller.reconciler import HimitsuSecretReconciler
+from himitsu_controller.runtime.controller import Result
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+# --- conditional requests only when safe ---------------------------------------------
+
+
+def test_first_sync_is_a_full_fetch_then_conditional(world: World) -> None:
+    world.sync(5)
+    assert world.fetcher.calls[0].known_version is None
+    assert world.fetcher.calls[0].token == TOKEN
+    assert (world.fetcher.calls[0].api_url, world.fetcher.calls[0].environment_id) == (API, ENV)
+    assert world.data() == values()
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.known_versions == [None, 5]
+
+
+def test_304_touches_only_the_status(world: World) -> None:
+    world.sync(5)
+    before, writes, patches = world.target(), world.kube.writes(), len(world.kube.status_patches)
+    world.clock.advance(60)
+    result = world.reconcile(himitsu.NotModified(5))
+    assert result.error is None
+    assert world.kube.writes() == writes
+    assert world.target() == before
+    assert len(world.kube.status_patches) == patches + 1
+    assert world.status()["lastSyncTime"] == "2024-05-06T07:09:09Z"
+    assert world.status()["secretCount"] == 2
+
+
+def test_200_with_the_same_content_writes_nothing(world: World) -> None:
+    world.sync(5)
+    before, writes, events = world.target(), world.kube.writes(), len(world.kube.events)
+    world.annotate(api.ANN_FORCE_SYNC, "1")  # forces the full fetch
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+    assert world.kube.writes() == writes
+    assert world.target() == before
+    assert len(world.kube.events) == events
+
+
+def test_deleted_target_forces_a_full_fetch_and_is_restored(world: World) -> None:
+    world.sync(5)
+    del world.kube.secrets[(NS, TARGET)]
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+    assert world.data() == values()
+
+
+def test_config_version_annotation_edit_forces_a_full_fetch(world: World) -> None:
+    world.sync(5)
+    target = world.target()
+    target["metadata"]["annotations"][api.ANN_CONFIG_VERSION] = "4"
+    world.kube.edit_secret(NS, TARGET, metadata=target["metadata"])
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+    assert world.target()["metadata"]["annotations"][api.ANN_CONFIG_VERSION] == "5"
+
+
+def test_hand_edited_data_forces_a_full_fetch_and_is_repaired(world: World) -> None:
+    world.sync(5)
+    world.kube.edit_secret(NS, TARGET, data={"KEY_0": b64("hacked")})
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+    assert world.data() == values()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"apiUrl": "https://other.example.com"},
+        {"projectId": "44444444-4444-4444-4444-444444444444"},
+        {"environmentId": OTHER_ENV},
+        {"template": {"format": "Dotenv"}},
+        {"template": {"format": "Json", "key": "app.json"}},
+    ],
+    ids=["apiUrl", "project", "environment", "format", "template-key"],
+)
+def test_target_recorded_for_another_source_forces_a_full_fetch(
+    world: World, change: dict[str, Any],
+) -> None:
+    world.sync(5)
+    # Without a generation bump, so only the recorded source can tell.
+    if "template" in change:
+        world.edit_target_spec(bump=False, **change)
+    else:
+        world.edit_spec(bump=False, **change)
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+    call = world.fetcher.calls[1]
+    assert (call.api_url, call.project_id, call.environment_id) == (
+        world.hsec["spec"]["apiUrl"], world.hsec["spec"]["projectId"],
+        world.hsec["spec"]["environmentId"])
+
+
+def test_spec_generation_change_forces_a_full_fetch(world: World) -> None:
+    world.sync(5)
+    world.hsec["metadata"]["generation"] = 2
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+    assert world.status()["observedGeneration"] == 2
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.known_versions == [None, None, 5]
+
+
+def test_new_force_sync_value_forces_one_full_fetch(world: World) -> None:
+    world.sync(5)
+    world.annotate(api.ANN_FORCE_SYNC, "2024-05-06T00:00:00Z")
+    world.sync(5)
+    world.reconcile(himitsu.NotModified(5))
+    world.annotate(api.ANN_FORCE_SYNC, "again")
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None, 5, None]
+    assert world.status()["lastForceSync"] == "again"
+
+
+def test_unconditional_304_is_a_fetch_failure(world: World) -> None:
+    result = world.reconcile(himitsu.NotModified(5))
+    assert result.error == "FetchFailure"
+    assert (NS, TARGET) not in world.kube.secrets
+
+
+# --- Owner -----------------------------------------------------------------------------
+
+
+def test_owner_target_exact_data_reference_and_metadata() -> None:
+    world = World(template={"labels": {"team": "a"}, "annotations": {"note": "n"}})
+    world.sync(7)
+    target = world.target()
+    meta = target["metadata"]
+    assert target["type"] == "Opaque"
+    assert world.data() == values()
+    assert meta["ownerReferences"] == [{
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "name": NAME,
+        "uid": world.hsec["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+    assert meta["labels"] == {api.LABEL_MANAGED: "true",
+                              api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE, "team": "a"}
+    ann = meta["annotations"]
+    assert ann["note"] == "n"
+    assert ann[api.ANN_OWNED_BY] == NAME
+    assert ann[api.ANN_CONFIG_VERSION] == "7"
+    assert (ann[api.ANN_PROJECT_ID], ann[api.ANN_ENVIRONMENT_ID]) == (PROJECT, ENV)
+    assert len(ann[api.ANN_DATA_HASH]) == 64
+    assert api.ANN_MANAGED_KEYS not in ann
+    assert world.status()["configVersion"] == 7
+    assert world.status()["secretCount"] == 2
+
+
+def test_owner_drops_keys_removed_upstream(world: World) -> None:
+    world.sync(5, values(3))
+    world.reconcile(fetched(6, {"KEY_0": "new"}))
+    assert world.data() == {"KEY_0": "new"}
+    assert world.status()["secretCount"] == 1
+
+
+def test_owner_never_adopts_a_pre_existing_secret(world: World) -> None:
+    world.kube.put_secret({"metadata": {"namespace": NS, "name": TARGET},
+                           "data": {"THEIRS": b64("keep")}})
+    before = world.target()
+    result = world.reconcile()
+    assert result.error == "TargetConflict"
+    assert world.target() == before
+    assert world.fetcher.calls == []
+    assert "creationPolicy: Merge" in world.ready()["message"]
+
+
+def test_owner_type_change_recreates_the_secret(world: World) -> None:
+    world.sync(5)
+    old_uid = world.target()["metadata"]["uid"]
+    world.edit_target_spec(type="example.com/custom")
+    world.sync(5)
+    target = world.target()
+    assert target["type"] == "example.com/custom"
+    assert target["metadata"]["uid"] != old_uid
+    assert world.data() == values()
+    assert world.kube.calls["delete_secret"] == 1
+
+
+# --- Merge -----------------------------------------------------------------------------
+
+
+def test_merge_keys_in_stale_keys_out_foreign_untouched() -> None:
+    world = merge_world()
+    world.sync(5, values(3))
+    assert world.data() == {"HELM_KEY": "helm-value", **values(3)}
+    meta = world.target()["metadata"]
+    assert "ownerReferences" not in meta
+    assert meta["labels"][api.LABEL_MANAGED_BY] == "Helm"
+    assert meta["labels"][api.LABEL_MANAGED] == "true"
+    assert meta["annotations"]["meta.helm.sh/release-name"] == "r"
+    assert meta["annotations"][api.ANN_MANAGED_KEYS] == "KEY_0,KEY_1,KEY_2"
+    world.reconcile(fetched(6, {"KEY_0": "new"}))
+    assert world.data() == {"HELM_KEY": "helm-value", "KEY_0": "new"}
+    assert world.target()["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "KEY_0"
+
+
+def test_merge_foreign_edits_do_not_force_a_fetch_or_a_write() -> None:
+    world = merge_world()
+    world.sync(5)
+    target = world.target()
+    target["data"]["HELM_KEY"] = b64("helm-v2")
+    world.kube.edit_secret(NS, TARGET, data=target["data"])
+    writes = world.kube.writes()
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.known_versions == [None, 5]
+    assert world.kube.writes() == writes
+
+
+def test_merge_collision_with_a_foreign_key_is_a_conflict_naming_the_key() -> None:
+    world = merge_world()
+    before = world.target()
+    result = world.reconcile(fetched(5, {"HELM_KEY": CANARY, "OK": "1"}))
+    assert result.error == "TargetConflict"
+    assert "'HELM_KEY'" in world.ready()["message"]
+    assert world.target() == before
+
+
+def test_merge_creates_a_missing_target_without_owner_reference() -> None:
+    world = World(policy="Merge")
+    world.sync(5)
+    meta = world.target()["metadata"]
+    assert world.data() == values()
+    assert "ownerReferences" not in meta
+    assert meta["labels"][api.LABEL_MANAGED_BY] == api.MANAGED_BY_VALUE
+
+
+def test_merge_type_change_is_invalid_spec() -> None:
+    world = merge_world()
+    world.sync(5)
+    before = world.target()
+    world.edit_target_spec(type="kubernetes.io/tls")
+    result = world.reconcile(fetched(5))
+    assert result.error == "InvalidSpec"
+    assert "immutable" in world.ready()["message"]
+    assert world.target() == before
+    assert world.kube.calls["delete_secret"] == 0
+
+
+def test_policy_switch_owner_to_merge() -> None:
+    world = World()
+    world.sync(5, values(3))
+    world.edit_target_spec(creationPolicy="Merge")
+    world.sync(6, values(2))
+    assert world.data() == values(2)
+    meta = world.target()["metadata"]
+    assert "ownerReferences" not in meta
+    assert meta["annotations"][api.ANN_MANAGED_KEYS] == "KEY_0,KEY_1"
+
+
+def test_policy_switch_merge_to_owner_for_a_target_we_created() -> None:
+    world = World(policy="Merge")
+    world.sync(5)
+    world.edit_target_spec(creationPolicy="Owner")
+    world.sync(5)
+    assert [r["kind"] for r in world.target()["metadata"]["ownerReferences"]] == [api.KIND]
+
+
+def test_policy_switch_merge_to_owner_never_wipes_a_foreign_secret() -> None:
+    world = merge_world()
+    world.sync(5)
+    before = world.target()
+    world.edit_target_spec(creationPolicy="Owner")
+    assert world.reconcile().error == "TargetConflict"
+    assert world.target() == before
+
+
+# --- TargetConflict between HimitsuSecrets ----------------------------------------------
+
+
+def test_target_owned_by_another_existing_himitsu_secret(world: World) -> None:
+    world.sync(5)
+    add_other(world)
+    before = world.target()
+    other_reconciler = HimitsuSecretReconciler(world.kube, world.fetcher, now=world.clock)
+    result = other_reconciler.reconcile("apps/other")
+    assert result.error == "TargetConflict"
+    assert world.target() == before
+    assert len(world.fetcher.calls) == 1
+    other_status = world.kube.status(NS, "other")
+    assert "already managed by HimitsuSecret 'app-config'" in \
+        other_status["conditions"][0]["message"]
+
+
+def test_target_whose_owner_no_longer_exists_is_free(world: World) -> None:
+    add_other(world)
+    HimitsuSecretReconciler(world.kube, FakeFetcher(fetched(3, {"OLD": "x"})),
+                            now=world.clock).reconcile("apps/other")
+    assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == "other"
+    del world.kube.himitsu_secrets[(NS, "other")]
+    world.sync(5)
+    assert world.data() == values()
+    assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == NAME
+
+
+# --- restarts --------------------------------------------------------------------------
+
+
+def test_restart_with_a_consistent_target_waits_for_the_next_poll(world: World) -> None:
+    world.sync(5)
+    world.clock.advance(20)
+    world.restart()
+    reads = world.kube.calls["read_secret_value"]
+    result = world.reconcile()
+    assert world.fetcher.calls[1:] == []
+    assert world.kube.calls["read_secret_value"] == reads
+    assert result.requeue_after == pytest.approx(40.0)
+    assert result.error is None
+    # The next reconcile is the normal conditional poll.
+    world.clock.advance(40)
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.known_versions == [None, 5]
+
+
+def test_restart_with_a_broken_target_syncs_at_once(world: World) -> None:
+    world.sync(5)
+    del world.kube.secrets[(NS, TARGET)]
+    world.clock.advance(20)
+    world.restart()
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+
+
+def test_restart_after_the_interval_polls_at_once(world: World) -> None:
+    world.sync(5)
+    world.clock.advance(61)
+    world.restart()
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.known_versions == [None, 5]
+
+
+# --- expectations: our own writes vs a lagging cache -------------------------------------
+
+
+def test_stale_caches_after_our_write_cause_no_second_write_or_full_fetch(
+    world: World,
+) -> None:
+    world.sync(5)
+    world.kube.freeze_cache(NS, TARGET)  # the informers still hold version 5 ...
+    world.kube.freeze_himitsu_secret(NS, NAME)
+    world.sync(6, values(3))  # ... while we write version 6
+    assert world.data() == values(3)
+    writes = world.kube.writes()
+    result = world.reconcile(himitsu.NotModified(6))
+    assert result.error is None
+    assert world.fetcher.known_versions == [None, 5, 6]
+    assert world.kube.writes() == writes
+
+
+def test_stale_cache_of_a_created_target(world: World) -> None:
+    world.kube.freeze_cache(NS, TARGET)  # the informer has not seen our create yet
+    world.kube.freeze_himitsu_secret(NS, NAME)
+    world.sync(5)
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.known_versions == [None, 5]
+    assert world.kube.writes() == 1
+
+
+def test_someone_elses_write_costs_one_direct_read_not_one_per_poll() -> None:
+    world = merge_world()
+    world.sync(5)
+    target = world.target()
+    target["data"]["HELM_KEY"] = b64("helm-v2")
+    world.kube.edit_secret(NS, TARGET, data=target["data"])  # the cache sees it too
+    for _ in range(3):
+        world.reconcile(himitsu.NotModified(5))
+    assert world.kube.calls["get_secret_fresh"] == 1
+
+
+# --- --allowed-api-urls ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("https://himitsu.example.com", ("https://himitsu.example.com",)),
+    ("https://himitsu.example.com/v2", ("https://himitsu.example.com/",)),
+    ("https://himitsu.example.com", ("https://other.example", " https://himitsu.example.com")),
+    ("https://HIMITSU.example.com:443/", ("https://himitsu.example.com",)),
+    ("https://himitsu.example.com", ("https://Himitsu.Example.com:443",)),
+])
+def test_allowed_api_urls_permit(url: str, allowed: tuple[str, ...]) -> None:
+    world = World(apiUrl=url, allowed=allowed)
+    world.sync(5)
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("https://himitsu.example.com.evil", ("https://himitsu.example.com",)),
+    ("https://himitsu.example.community", ("https://himitsu.example.com",)),
+    ("https://himitsu.example.com:8443", ("https://himitsu.example.com",)),
+    ("http://himitsu.example.com", ("https://himitsu.example.com",)),
+    ("https://himitsu.example.com/other", ("https://himitsu.example.com/v2",)),
+    ("https://evil.example", ("https://himitsu.example.com",)),
+])
+def test_allowed_api_urls_refuse_without_fetching(url: str, allowed: tuple[str, ...]) -> None:
+    world = World(apiUrl=url, allowed=allowed)
+    result = world.reconcile()
+    assert result.error == "InvalidSpec"
+    assert "--allowed-api-urls" in world.ready()["message"]
+    assert world.fetcher.calls == []
+    assert world.kube.calls["read_secret_value"] == 0
+
+
+# --- lifecycle -------------------------------------------------------------------------
+
+
+def test_deleted_himitsu_secret_is_done_and_forgotten(world: World) -> None:
+    world.sync(5)
+    del world.kube.himitsu_secrets[(NS, NAME)]
+    assert world.reconciler.reconcile(KEY) == Result()
+    assert world.kube.writes() == 1  # the Owner target is left to the garbage collector
+
+
+def test_recreated_himitsu_secret_is_not_confused_with_the_old_one(world: World) -> None:
+    world.kube.freeze_himitsu_secret(NS, NAME)
+    world.sync(5)
+    world.kube.thaw()
+    fresh = make_hsec()
+    world.kube.himitsu_secrets.pop((NS, NAME))
+    world.kube.add_himitsu_secret(fresh)
+    # The old target's ownerReference names the old uid, but owned-by names us: a full
+    # fetch (no status) and the reference is moved to the new object.
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
+    refs = world.target()["metadata"]["ownerReferences"]
+    assert [r["uid"] for r in refs] == [fresh["metadata"]["uid"]]
