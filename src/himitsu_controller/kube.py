@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from himitsu_controller import api
 from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
-from himitsu_controller.runtime.rest import ApiError, Resource, RestClient
+from himitsu_controller.runtime.rest import ApiError, Resource, RestClient, TransportError
 
 SECRETS = Resource("", "v1", "secrets")
 EVENTS = Resource("", "v1", "events")
@@ -54,6 +54,14 @@ class KubeClient:
         self._tokens: dict[tuple[str, str, str], tuple[float, bytes]] = {}
         self._lock = threading.Lock()
 
+    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """One apiserver call; an unreachable apiserver becomes a KubeError like any refusal."""
+        try:
+            return self._rest.request(method, path, **kwargs)
+        except TransportError:
+            raise KubeError(f"{method} {path.rsplit('/', 2)[-2]}: Kubernetes API unreachable",
+                            status=0, reason="Unreachable") from None
+
     def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._hsecs.get(f"{namespace}/{name}")
 
@@ -65,7 +73,7 @@ class KubeClient:
             if cached is not None:
                 return cached
         try:
-            return self._rest.request("GET", SECRETS.path(namespace, name))
+            return self._request("GET", SECRETS.path(namespace, name))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -100,7 +108,7 @@ class KubeClient:
         name = body["metadata"]["name"]
         clean = _without_server_fields(body)
         try:
-            return self._rest.request("POST", SECRETS.path(namespace), body=clean)
+            return self._request("POST", SECRETS.path(namespace), body=clean)
         except ApiError as exc:
             if exc.status == 409:
                 raise Conflict(f"Secret {name!r} already exists", status=409) from None
@@ -109,7 +117,7 @@ class KubeClient:
     def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = body["metadata"]["name"]
         try:
-            return self._rest.request("PUT", SECRETS.path(namespace, name), body=body)
+            return self._request("PUT", SECRETS.path(namespace, name), body=body)
         except ApiError as exc:
             if exc.status in (404, 409):
                 raise Conflict(f"Secret {name!r} changed while writing", status=409) from None
@@ -118,7 +126,7 @@ class KubeClient:
     def delete_secret(self, namespace: str, name: str, *, uid: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
         try:
-            self._rest.request("DELETE", SECRETS.path(namespace, name), body=body)
+            self._request("DELETE", SECRETS.path(namespace, name), body=body)
         except ApiError as exc:
             if exc.status == 404:
                 return
@@ -128,7 +136,7 @@ class KubeClient:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
-            self._rest.request(
+            self._request(
                 "PATCH", HIMITSU_SECRETS.path(namespace, name, "status"),
                 body={"status": status}, content_type="application/merge-patch+json",
             )
@@ -157,7 +165,7 @@ class KubeClient:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            self._rest.request("POST", EVENTS.path(namespace), body=event)
+            self._request("POST", EVENTS.path(namespace), body=event)
         except ApiError as exc:
             raise _kube_error(exc, "recording an Event") from None
 

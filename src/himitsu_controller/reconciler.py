@@ -143,6 +143,8 @@ class HimitsuSecretReconciler:
             return self._failed(ctx, spec, failure)
         except _Requeue:
             return Result(requeue_after=CONFLICT_REQUEUE)
+        except KubeError as exc:  # a read of the target or a status patch was refused
+            return self._failed(ctx, spec, _Failure("WriteFailure", str(exc)))
 
     # -- the happy path -------------------------------------------------------------
 
@@ -156,28 +158,28 @@ class HimitsuSecretReconciler:
         try:
             targets.check_ownership(
                 target, owner=ctx.owner, policy=spec.target.creation_policy,
-                himitsu_secret_exists=lambda n: self._kube.get_himitsu_secret(
-                    ctx.owner.namespace, n) is not None,
+                himitsu_secret_exists=lambda holder: self._claims(
+                    ctx.owner.namespace, holder, spec.target.name),
             )
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
         known = self._known_version(ctx, spec, target)
         result = self._fetch(ctx, spec, token, known)
         if isinstance(result, himitsu.NotModified):
-            written = False
+            data_changed = False
             count = ctx.status.secret_count
             metrics.count_sync("not_modified")
         else:
             rendered = self._render(spec, result.secrets)
-            written = self._write(
+            data_changed = self._write(
                 ctx, spec, mem, target=target, rendered=rendered, version=result.version)
             count = len(result.secrets)
-            metrics.count_sync("written" if written else "unchanged")
+            metrics.count_sync("written" if data_changed else "unchanged")
         try:
             self._status.synced(
                 ctx.key, ctx.obj, version=result.version, secret_count=count or 0,
                 generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
-                data_changed=written, target=spec.target.name,
+                data_changed=data_changed, target=spec.target.name,
             )
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
@@ -325,6 +327,7 @@ class HimitsuSecretReconciler:
                 target = None
                 desired = targets.desired_secret(
                     None, owner=ctx.owner, spec=spec, rendered=rendered, version=version)
+            data_changed = True
             if target is None:
                 written = self._kube.create_secret(ns, desired)
                 metrics.count_write("create")
@@ -332,16 +335,16 @@ class HimitsuSecretReconciler:
                 mem.target_rv = _rv(target)
                 return False
             else:
+                data_changed = (target.get("data") or {}) != desired["data"]
                 written = self._kube.update_secret(ns, desired)
                 metrics.count_write("update")
         except Conflict:
             mem.target_rv = None
             raise _Requeue() from None
         except KubeError as exc:
-            raise _Failure("WriteFailure",
-                           f"writing Secret {spec.target.name!r} failed: {exc}") from None
+            raise _Failure("WriteFailure", str(exc)) from None
         mem.target_rv = _rv(written)
-        return True
+        return data_changed
 
     # -- failures and timing ----------------------------------------------------------
 
@@ -380,6 +383,17 @@ class HimitsuSecretReconciler:
                 f"apiUrl {spec.api_url[:100]!r} is not in the operator's --allowed-api-urls; "
                 "ask the cluster administrator to allow it"
             ))
+
+    def _claims(self, namespace: str, holder: str, secret_name: str) -> bool:
+        """Does HimitsuSecret ``holder`` still exist and still name this Secret as its target?
+
+        A HimitsuSecret whose target.name moved on no longer holds its old target.
+        """
+        obj = self._kube.get_himitsu_secret(namespace, holder)
+        if obj is None:
+            return False
+        target = ((obj.get("spec") or {}).get("target") or {}).get("name")
+        return target == secret_name
 
     def _remember(self, ctx: _Context) -> _Memory:
         with self._lock:

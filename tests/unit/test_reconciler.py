@@ -332,6 +332,17 @@ def test_target_whose_owner_no_longer_exists_is_free(world: World) -> None:
     assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == NAME
 
 
+def test_target_left_behind_by_a_retargeted_owner_is_free(world: World) -> None:
+    world.sync(5)
+    add_other(world)
+    world.edit_target_spec(name="moved-on")
+    result = HimitsuSecretReconciler(
+        world.kube, FakeFetcher(fetched(3, {"NEW": "x"})), now=world.clock,
+    ).reconcile("apps/other")
+    assert result.error is None
+    assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == "other"
+
+
 # --- restarts --------------------------------------------------------------------------
 
 

@@ -280,6 +280,14 @@ def test_events_on_changes_and_transitions_not_per_poll(world: World) -> None:
     assert all(e.name == NAME for e in world.kube.events)
 
 
+def test_a_version_bump_with_the_same_data_records_no_event(world: World) -> None:
+    world.sync(5)
+    world.annotate(api.ANN_FORCE_SYNC, "again")
+    world.sync(6)  # Himitsu bumped the version; the values are the same
+    assert world.target()["metadata"]["annotations"][api.ANN_CONFIG_VERSION] == "6"
+    assert [(e.type, e.reason) for e in world.kube.events] == [("Normal", "Synced")]
+
+
 def test_ready_transition_time_kept_across_polls(world: World) -> None:
     world.sync(5)
     since = world.ready()["lastTransitionTime"]
