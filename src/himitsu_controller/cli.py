@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from himitsu_controller import __version__, api, himitsu, kube, metrics
+from himitsu_controller import __version__, api, himitsu, kube, metrics, polls
 from himitsu_controller import logging as hlogging
 from himitsu_controller.reconciler import HimitsuSecretReconciler
 from himitsu_controller.runtime import handler
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request)
     reconciler = HimitsuSecretReconciler(
         kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store),
-        client, allowed_api_urls=args.allowed_api_urls.split(","),
+        polls.SharedPoller(client), allowed_api_urls=args.allowed_api_urls.split(","),
     )
     ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=workers)
     _wire_events(ctrl, hsecs, secrets)

@@ -131,6 +131,9 @@ class Fetched:
 
     version: int
     secrets: Mapping[str, str] = field(repr=False)  # values never in a repr
+    # Seconds since the request that produced this answer (non-zero when a shared poll
+    # answered from its cache); the reconciler aligns its next poll on it.
+    age: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ class NotModified:
     """A 304: the environment is still at ``version``; no secret material came back."""
 
     version: int
+    age: float = field(default=0.0, compare=False)
 
 
 FetchResult = Fetched | NotModified

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from himitsu_controller import api, himitsu, metrics, render, targets
+from himitsu_controller import api, himitsu, metrics, polls, render, targets
 from himitsu_controller.runtime.controller import Result
 from himitsu_controller.status import StatusWriter
 
@@ -29,6 +29,7 @@ log = structlog.get_logger(__name__)
 
 MAX_FAILURE_BACKOFF = 300.0
 CONFLICT_REQUEUE = 0.5
+JITTER = 0.1
 
 
 class KubeError(Exception):
@@ -65,9 +66,12 @@ class Kube(Protocol):
 
 
 class Fetcher(Protocol):
+    """``polls.SharedPoller`` in production: may answer from a poll shared with others,
+    no older than ``max_age`` seconds (``FetchResult.age`` says how old)."""
+
     def fetch(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
-        known_version: int | None,
+        known_version: int | None, max_age: float = 0.0,
     ) -> himitsu.FetchResult: ...
 
 
@@ -80,7 +84,12 @@ class _Failure(Exception):
 
 
 class _Requeue(Exception):
-    """Lost an optimistic-concurrency race: try again promptly, report nothing."""
+    """Try again after ``delay`` and report nothing: a lost optimistic-concurrency race,
+    or a Himitsu request our own per-token pacing held back."""
+
+    def __init__(self, delay: float = CONFLICT_REQUEUE) -> None:
+        super().__init__()
+        self.delay = delay
 
 
 @dataclass
@@ -141,8 +150,8 @@ class HimitsuSecretReconciler:
             return self._failed(ctx, spec, _Failure("InvalidSpec", str(exc)))
         except _Failure as failure:
             return self._failed(ctx, spec, failure)
-        except _Requeue:
-            return Result(requeue_after=CONFLICT_REQUEUE)
+        except _Requeue as requeue:
+            return Result(requeue_after=requeue.delay)
         except KubeError as exc:  # a read of the target or a status patch was refused
             return self._failed(ctx, spec, _Failure("WriteFailure", str(exc)))
 
@@ -184,7 +193,7 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.failures = 0
-        return Result(requeue_after=self._next_poll(spec.refresh_interval))
+        return Result(requeue_after=self._next_poll(spec.refresh_interval, age=result.age))
 
     def _known_version(
         self, ctx: _Context, spec: api.Spec, target: dict[str, Any] | None,
@@ -275,11 +284,19 @@ class HimitsuSecretReconciler:
     def _fetch(
         self, ctx: _Context, spec: api.Spec, token: str, known: int | None,
     ) -> himitsu.FetchResult:
+        # A user's force-sync asks Himitsu itself; otherwise an answer shared with other
+        # HimitsuSecrets reading the same source is fine while it is within the jitter
+        # window, which bounds how stale a shared answer can be.
+        forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
+        max_age = 0.0 if forced else JITTER * spec.refresh_interval
         try:
             result = self._fetcher.fetch(
                 api_url=spec.api_url, project_id=spec.project_id,
                 environment_id=spec.environment_id, token=token, known_version=known,
+                max_age=max_age,
             )
+        except polls.LocallyRateLimited as exc:
+            raise _Requeue(max(0.5, exc.retry_after)) from None
         except (himitsu.Unauthorized, himitsu.Forbidden) as exc:
             self._kube.forget_secret_value(
                 ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
@@ -368,10 +385,12 @@ class HimitsuSecretReconciler:
         cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF
         return float(min(2.0 ** min(failures - 1, 30), max(cap, 1.0)))
 
-    def _next_poll(self, interval: float) -> float | None:
+    def _next_poll(self, interval: float, *, age: float = 0.0) -> float | None:
+        """Up to 10% early, never late; aligned on the request that produced the answer, so
+        HimitsuSecrets sharing a poll keep arriving together and keep sharing it."""
         if interval <= 0:
             return None
-        return interval - self._rng() * 0.1 * interval
+        return max(0.0, interval - age - self._rng() * JITTER * interval)
 
     def _check_api_url(self, spec: api.Spec) -> None:
         try:

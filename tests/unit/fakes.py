@@ -247,7 +247,7 @@ class FakeFetcher:
 
     def fetch(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
-        known_version: int | None,
+        known_version: int | None, max_age: float = 0.0,
     ) -> himitsu.FetchResult:
         self.calls.append(FetchCall(api_url, project_id, environment_id, token, known_version))
         if not self.script:

@@ -1,0 +1,188 @@
+"""Shared polls: one conditional request per source per refresh window, however many read it.
+
+Himitsu allows 120 requests a minute per API key, 304s included. A hundred
+HimitsuSecrets that read one environment with one token would spend that budget alone
+at a 1m refresh. So every request goes through a ``SharedPoller`` keyed by the *source*
+(API URL, project, environment, sha256 of the token): whoever holds the token may see
+what it reads, so sharing across HimitsuSecrets (and namespaces) with the same token
+leaks nothing, and different tokens never share.
+
+For each source the poller keeps the last answer and the secrets it saw. A caller that
+accepts an answer up to ``max_age`` seconds old is served from that cache; otherwise one
+request is made (concurrent callers wait for it: single flight), conditional on the
+version the *poller* holds. So a HimitsuSecret that needs a full fetch (its target was
+deleted) is usually served by a 304 plus the cached secrets: no secret material on the
+wire even for drift repair.
+
+Requests per token are also paced below Himitsu's limit. A request the pace would
+exceed is not sent; the caller gets a ``RateLimited`` marked local, which the reconciler
+turns into a quiet requeue rather than a failure.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from himitsu_controller import himitsu
+
+# Himitsu's documented budget is 120 requests per key per 60 s window; keep clear of it.
+TOKEN_RATE_PER_MINUTE = 100.0
+TOKEN_BURST = 20.0
+IDLE_TTL = 3600.0
+
+
+class Client(Protocol):
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None,
+    ) -> himitsu.FetchResult: ...
+
+
+class LocallyRateLimited(himitsu.RateLimited):
+    """The request was not sent: this token's pace would exceed Himitsu's limit."""
+
+
+@dataclass
+class _Entry:
+    at: float = 0.0
+    version: int | None = None
+    secrets: Mapping[str, str] | None = field(default=None, repr=False)
+    blocked_until: float = 0.0
+
+
+@dataclass
+class _Flight:
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+class SharedPoller:
+    def __init__(
+        self, client: Client, *, clock: Callable[[], float] = time.monotonic,
+        rate_per_minute: float = TOKEN_RATE_PER_MINUTE, burst: float = TOKEN_BURST,
+        flight_timeout: float = 60.0,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._rate = rate_per_minute / 60.0
+        self._burst = burst
+        self._flight_timeout = flight_timeout
+        self._entries: dict[str, _Entry] = {}
+        self._flights: dict[str, _Flight] = {}
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None, max_age: float = 0.0,
+    ) -> himitsu.FetchResult:
+        source = himitsu.source_fingerprint(api_url, project_id, environment_id, token)
+        while True:
+            with self._lock:
+                answer = self._cached(source, known_version, max_age)
+                if answer is not None:
+                    return answer
+                flight = self._flights.get(source)
+                if flight is None:
+                    flight = self._flights[source] = _Flight()
+                    break
+            # Someone is asking Himitsu right now: their answer is as fresh as ours would be.
+            flight.done.wait(self._flight_timeout)
+            if flight.error is not None:
+                raise flight.error
+            max_age = float("inf")
+        try:
+            self._request(source, api_url=api_url, project_id=project_id,
+                          environment_id=environment_id, token=token)
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                self._flights.pop(source, None)
+            flight.done.set()
+        with self._lock:
+            answer = self._cached(source, known_version, float("inf"))
+        if answer is None:  # only a 304 to a request we did not make conditional
+            raise himitsu.Undecodable("the Himitsu API answered 304 to an unconditional request")
+        return answer
+
+    def _cached(
+        self, source: str, known: int | None, max_age: float,
+    ) -> himitsu.FetchResult | None:
+        entry = self._entries.get(source)
+        if entry is None:
+            return None
+        now = self._clock()
+        if entry.blocked_until > now:  # Himitsu answered 429 for this source: everyone waits
+            wait = entry.blocked_until - now
+            raise himitsu.RateLimited(
+                f"rate limited by the Himitsu API, retrying in {max(1, round(wait))} s",
+                retry_after=wait)
+        age = now - entry.at
+        if entry.version is None or max_age <= 0 or age > max_age:
+            return None
+        if known is not None and known == entry.version:
+            return himitsu.NotModified(version=entry.version, age=age)
+        if entry.secrets is not None:
+            return himitsu.Fetched(version=entry.version, secrets=entry.secrets, age=age)
+        return None
+
+    def _request(
+        self, source: str, *, api_url: str, project_id: str, environment_id: str, token: str,
+    ) -> None:
+        """Ask Himitsu once, conditional on what the poller holds, and remember the answer."""
+        self._take_token(himitsu.source_fingerprint(api_url, "", "", token))
+        with self._lock:
+            entry = self._entries.setdefault(source, _Entry())
+            held = entry.version if entry.secrets is not None else None
+        try:
+            result = self._client.fetch(
+                api_url=api_url, project_id=project_id, environment_id=environment_id,
+                token=token, known_version=held)
+        except himitsu.RateLimited as exc:
+            with self._lock:
+                entry.blocked_until = self._clock() + float(exc.retry_after)
+            raise
+        with self._lock:
+            entry.at = self._clock()
+            entry.blocked_until = 0.0
+            if isinstance(result, himitsu.Fetched):
+                entry.version, entry.secrets = result.version, result.secrets
+            elif result.version != entry.version:
+                entry.version, entry.secrets = result.version, None
+            self._evict_idle(entry.at)
+
+    def _take_token(self, key: str) -> None:
+        """Per-token pacing (a token bucket keyed by the API URL and token's hash)."""
+        with self._lock:
+            now = self._clock()
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = _Bucket(tokens=self._burst, at=now)
+            bucket.tokens = min(self._burst, bucket.tokens + (now - bucket.at) * self._rate)
+            bucket.at = now
+            if bucket.tokens >= 1.0:
+                bucket.tokens -= 1.0
+                return
+            wait = (1.0 - bucket.tokens) / self._rate
+        raise LocallyRateLimited("Himitsu request pace for this token reached",
+                                 retry_after=wait)
+
+    def _evict_idle(self, now: float) -> None:
+        if len(self._entries) < 64:
+            return
+        for source in [s for s, e in self._entries.items() if now - e.at > IDLE_TTL]:
+            del self._entries[source]
+        for key in [k for k, b in self._buckets.items() if now - b.at > IDLE_TTL]:
+            del self._buckets[key]

@@ -1,0 +1,444 @@
+"""Static checks of the HimitsuSecret CRD and the samples, against the contract.
+
+The CRD is hand-written YAML that nothing compiles, so a typo in a default, an enum or a
+printer column would only show up on a live cluster. These tests pin it to the
+contract (spec/operator-readme.txt) and to the code that reads the same objects
+(api.py), and validate every sample against the schema with a small validator for the
+subset of OpenAPI v3 + CEL the CRD uses (no jsonschema dependency: the subset is tiny,
+and Kubernetes' structural-schema rules differ from plain JSON Schema anyway).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from himitsu_controller import api
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "deploy" / "crd" / "himitsu.io_himitsusecrets.yaml"
+SAMPLES_PATH = ROOT / "deploy" / "samples" / "himitsusecret.yaml"
+
+# The contract's first example, verbatim.
+CONTRACT_EXAMPLE: dict[str, Any] = {
+    "apiVersion": "himitsu.io/v1alpha1",
+    "kind": "HimitsuSecret",
+    "metadata": {"name": "app-config", "namespace": "apps"},
+    "spec": {
+        "apiUrl": "https://himitsu.example.com",
+        "projectId": "11111111-1111-1111-1111-111111111111",
+        "environmentId": "22222222-2222-2222-2222-222222222222",
+        "authSecretRef": {"name": "himitsu-token"},
+        "refreshInterval": "1m",
+        "target": {"name": "app-secrets"},
+    },
+}
+
+# Each CEL rule in the CRD with a Python twin, so samples are checked against the rules
+# too. A rule added to the CRD without a twin fails test_every_cel_rule_has_a_twin.
+CEL_TWINS: dict[str, Callable[[Any], bool]] = {
+    "self.target.name != self.authSecretRef.name": (
+        lambda s: s["target"]["name"] != s["authSecretRef"]["name"]
+    ),
+    "!has(self.__namespace__)": lambda s: "namespace" not in s,
+    "!has(self.key) || (has(self.format) && self.format != 'KeyValue')": (
+        lambda s: "key" not in s or ("format" in s and s["format"] != "KeyValue")
+    ),
+}
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+def load_docs(path: Path) -> list[Any]:
+    with path.open(encoding="utf-8") as fh:
+        return [doc for doc in yaml.load_all(fh, Loader=_LOADER) if doc is not None]
+
+
+@functools.cache
+def _crd_cached() -> Any:
+    (doc,) = load_docs(CRD_PATH)
+    return doc
+
+
+def crd() -> Any:
+    """The parsed CRD, shared between tests: callers read it, never change it."""
+    return _crd_cached()
+
+
+def version() -> Any:
+    (ver,) = crd()["spec"]["versions"]
+    return ver
+
+
+def root_schema() -> Any:
+    return version()["schema"]["openAPIV3Schema"]
+
+
+def node(*path: str) -> Any:
+    """The schema node at spec/status property path, e.g. node("spec", "target", "name")."""
+    schema = root_schema()
+    for part in path:
+        schema = schema["properties"][part]
+    return schema
+
+
+def samples() -> list[Any]:
+    return load_docs(SAMPLES_PATH)
+
+
+# ---- a validator for the OpenAPI subset the CRD uses ----------------------------------
+
+
+def apply_defaults(value: Any, schema: Any) -> Any:
+    """Fill defaults the way the apiserver does: missing properties of present objects."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return value
+    out = dict(value)
+    for name, sub in schema.get("properties", {}).items():
+        if name not in out and "default" in sub:
+            out[name] = copy.deepcopy(sub["default"])
+        if name in out:
+            out[name] = apply_defaults(out[name], sub)
+    return out
+
+
+def validate(value: Any, schema: Any, path: str = "") -> list[str]:
+    """Errors of ``value`` against ``schema``; unknown fields count (the apiserver would
+    prune them silently, which in a sample is just as wrong)."""
+    kind = schema.get("type")
+    checks: dict[str, Callable[[Any, Any, str], list[str]]] = {
+        "object": _validate_object, "array": _validate_array,
+        "string": _validate_string, "integer": _validate_integer,
+    }
+    if kind not in checks:
+        return [f"{path}: schema node without a supported type"]
+    errors = checks[kind](value, schema, path)
+    if not errors:
+        for rule in schema.get("x-kubernetes-validations", []):
+            if not CEL_TWINS[rule["rule"]](value):
+                errors.append(f"{path}: {rule['message']}")
+    return errors
+
+
+def _validate_object(value: Any, schema: Any, path: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{path}: expected object"]
+    errors = [f"{path}.{r}: Required value" for r in schema.get("required", []) if r not in value]
+    props = schema.get("properties")
+    extra = schema.get("additionalProperties")
+    for key, item in value.items():
+        if props is not None and key in props:
+            errors += validate(item, props[key], f"{path}.{key}")
+        elif isinstance(extra, dict):
+            errors += validate(item, extra, f"{path}.{key}")
+        elif props is not None:
+            errors.append(f"{path}.{key}: unknown field")
+    return errors
+
+
+def _validate_array(value: Any, schema: Any, path: str) -> list[str]:
+    if not isinstance(value, list):
+        return [f"{path}: expected array"]
+    errors: list[str] = []
+    for i, item in enumerate(value):
+        errors += validate(item, schema["items"], f"{path}[{i}]")
+    if schema.get("x-kubernetes-list-type") == "map":
+        keys = [tuple(i.get(k) for k in schema["x-kubernetes-list-map-keys"]) for i in value]
+        if len(keys) != len(set(keys)):
+            errors.append(f"{path}: duplicate map-list keys")
+    return errors
+
+
+def _validate_string(value: Any, schema: Any, path: str) -> list[str]:
+    if not isinstance(value, str):
+        return [f"{path}: expected string, got {type(value).__name__}"]
+    errors = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: Unsupported value {value!r}")
+    if len(value) > schema.get("maxLength", len(value)):
+        errors.append(f"{path}: Too long")
+    if len(value) < schema.get("minLength", 0):
+        errors.append(f"{path}: Too short")
+    if "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{path}: does not match {schema['pattern']}")
+    if schema.get("format") == "date-time":
+        try:
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            errors.append(f"{path}: not a date-time")
+    return errors
+
+
+def _validate_integer(value: Any, schema: Any, path: str) -> list[str]:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return [f"{path}: expected integer"]
+    low, high = _INT_RANGES.get(schema.get("format", "int64"), _INT_RANGES["int64"])
+    low = max(low, schema.get("minimum", low))
+    return [] if low <= value <= high else [f"{path}: out of range"]
+
+
+def admit(obj: Any) -> list[str]:
+    """What the apiserver would say to a create of ``obj``: defaults, then validation."""
+    schema = root_schema()
+    return validate(apply_defaults(obj, schema), schema)
+
+
+def walk(schema: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from walk(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from walk(schema[key], f"{path}[{key}]")
+
+
+# ---- the CRD ---------------------------------------------------------------------------
+
+
+def test_names_scope_and_version() -> None:
+    spec = crd()["spec"]
+    assert crd()["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd()["metadata"]["name"] == f"{api.PLURAL}.{api.GROUP}"
+    assert spec["group"] == api.GROUP == "himitsu.io"
+    assert spec["scope"] == "Namespaced"
+    names = spec["names"]
+    assert (names["kind"], names["plural"], names["singular"]) == (
+        api.KIND, api.PLURAL, "himitsusecret",
+    )
+    assert names["shortNames"] == ["hsec"]
+    assert names["categories"] == ["himitsu"]
+    ver = version()
+    assert (ver["name"], ver["served"], ver["storage"]) == (api.VERSION, True, True)
+    assert ver["subresources"] == {"status": {}}
+
+
+def test_printer_columns_match_the_contract() -> None:
+    ready = '.status.conditions[?(@.type=="Ready")]'
+    columns = [
+        (c["name"], c["type"], c["jsonPath"], c.get("priority", 0))
+        for c in version()["additionalPrinterColumns"]
+    ]
+    assert columns == [
+        ("Secret", "string", ".spec.target.name", 0),
+        ("Keys", "integer", ".status.secretCount", 0),
+        ("Version", "integer", ".status.configVersion", 0),
+        ("Ready", "string", f"{ready}.status", 0),
+        ("Reason", "string", f"{ready}.reason", 1),
+        ("Last Sync", "date", ".status.lastSyncTime", 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+    ]
+    # kubectl upper-cases headers and prints NAME first: the contract's header line.
+    default_view = ["NAME"] + [c[0].upper() for c in columns if c[3] == 0]
+    assert " ".join(default_view) == "NAME SECRET KEYS VERSION READY LAST SYNC AGE"
+
+
+def test_required_fields_defaults_and_enums() -> None:
+    assert root_schema()["required"] == ["spec"]
+    assert set(node("spec")["required"]) == {
+        "apiUrl", "projectId", "environmentId", "authSecretRef", "target",
+    }
+    assert node("spec", "authSecretRef")["required"] == ["name"]
+    assert node("spec", "target")["required"] == ["name"]
+    defaults = {
+        path: sub["default"] for path, sub in walk(node("spec"), "spec") if "default" in sub
+    }
+    assert defaults == {
+        "spec.authSecretRef.key": "token",
+        "spec.refreshInterval": "1m",
+        "spec.target.type": "Opaque",
+        "spec.target.creationPolicy": "Owner",
+        "spec.target.template.format": "KeyValue",
+    }
+    assert node("spec", "target", "creationPolicy")["enum"] == list(api.POLICIES)
+    assert node("spec", "target", "template", "format")["enum"] == list(api.FORMATS)
+    # The blob key's default depends on the format (.env / config.json): the operator
+    # applies it, a schema default would be wrong for one of the two.
+    assert "default" not in node("spec", "target", "template", "key")
+    assert node("spec", "apiUrl")["maxLength"] == 2048
+    assert node("spec", "target", "name")["maxLength"] == 253
+    for field in ("labels", "annotations"):
+        sub = node("spec", "target", "template", field)
+        assert sub["additionalProperties"] == {"type": "string"}
+
+
+def test_schema_is_structural_and_defaults_are_valid() -> None:
+    for path, sub in walk(root_schema()):
+        assert sub.get("type") in {"object", "array", "string", "integer"}, path
+        if "default" in sub:
+            assert validate(sub["default"], sub, path) == [], path
+        for name in sub.get("required", []):
+            assert name in sub["properties"], f"{path} requires undeclared {name}"
+        if "pattern" in sub:
+            re.compile(sub["pattern"])
+
+
+def test_status_holds_every_field_the_operator_writes() -> None:
+    status = node("status")["properties"]
+    assert status["configVersion"] == {**status["configVersion"], "type": "integer",
+                                       "format": "int64"}
+    assert status["observedGeneration"]["format"] == "int64"
+    assert status["secretCount"]["type"] == "integer"
+    assert status["lastSyncTime"]["format"] == "date-time"
+    conditions = status["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    # A status field missing from the schema is pruned on write without any error, so
+    # tie the schema to api.Status: every field it carries must survive.
+    camel = {re.sub(r"_(\w)", lambda m: m.group(1).upper(), f.name)
+             for f in dataclasses.fields(api.Status)}
+    assert camel - {"ready"} <= set(status), camel - set(status)
+    cond = api.Condition(
+        type="Ready", status="False", reason="InvalidSpec", message="target.name is required",
+        last_transition_time="2024-05-01T12:00:00Z", observed_generation=3,
+    )
+    assert validate([cond.to_dict()], conditions, "status.conditions") == []
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["Synced", "AuthenticationFailure", "FetchFailure", "WriteFailure", "InvalidSpec",
+     "TargetConflict"],
+)
+def test_contract_reasons_fit_the_condition_schema(reason: str) -> None:
+    sub = node("status", "conditions")["items"]["properties"]["reason"]
+    assert validate(reason, sub) == []
+
+
+def test_every_cel_rule_has_a_twin() -> None:
+    rules = {
+        rule["rule"] for _, sub in walk(root_schema())
+        for rule in sub.get("x-kubernetes-validations", [])
+    }
+    assert rules == set(CEL_TWINS)
+
+
+# ---- patterns --------------------------------------------------------------------------
+
+MICRO, MU = "\u00b5", "\u03bc"
+
+
+@pytest.mark.parametrize(
+    ("field", "good", "bad"),
+    [
+        (("apiUrl",),
+         ["https://himitsu.example.com", "http://127.0.0.1:8080", "https://h.example/api/",
+          "http://[::1]:9000", "https://himitsu_api.internal"],
+         ["ftp://h.example", "https://", "himitsu.example.com", "https://u:p@h.example",
+          "https://h.example/?token=x", "https://h.example/#x", "https://h .example"]),
+        (("projectId",),
+         ["11111111-1111-1111-1111-111111111111", "ABCDEF01-2345-6789-abcd-ef0123456789"],
+         ["1111", "11111111111111111111111111111111", "11111111-1111-1111-1111-11111111111g"]),
+        (("refreshInterval",),
+         ["0", "0s", "1m", "1h30m", "1.5h", "500ms", "90s", "1ns", "2us", f"3{MICRO}s",
+          f"4{MU}s"],
+         ["", "1", "-1m", "+1m", "1d", "m", "1 m", "1m ", ".5s", "1.s", "P1M"]),
+        (("target", "name"),
+         ["app-secrets", "a", "a.b-c.d"],
+         ["App", "-a", "a-", "a_b", "a..b", "a" * 254]),
+        (("authSecretRef", "key"),
+         ["token", ".env", "config.json", "a..b", "x.", "_t-1"],
+         [".", "..", "..x", "a/b", "a b", ""]),
+        (("target", "type"),
+         ["Opaque", "kubernetes.io/dockerconfigjson"],
+         ["", "has space"]),
+    ],
+)
+def test_field_patterns(field: tuple[str, ...], good: list[str], bad: list[str]) -> None:
+    sub = node("spec", *field)
+    for value in good:
+        assert validate(value, sub) == [], value
+    for value in bad:
+        assert validate(value, sub) != [], value
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.from_regex(node("spec", "refreshInterval")["pattern"], fullmatch=True))
+def test_every_duration_the_crd_admits_the_operator_parses(text: str) -> None:
+    try:
+        seconds = api.parse_duration(text)
+    except api.InvalidSpec as exc:
+        # Too long an interval is the one refusal a pattern cannot express.
+        assert "longer than a year" in str(exc)
+    else:
+        assert seconds >= 0
+
+
+# ---- samples ---------------------------------------------------------------------------
+
+
+def test_samples_are_the_three_documented_variants() -> None:
+    docs = samples()
+    assert [d["kind"] for d in docs] == ["HimitsuSecret"] * 3
+    assert docs[0] == CONTRACT_EXAMPLE
+    layouts = [
+        (t.get("creationPolicy", "Owner"), t.get("template", {}).get("format", "KeyValue"))
+        for t in (d["spec"]["target"] for d in docs)
+    ]
+    assert layouts == [("Owner", "KeyValue"), ("Merge", "Dotenv"), ("Owner", "Json")]
+    template = docs[2]["spec"]["target"]["template"]
+    assert template["key"] != "config.json"
+    assert template["labels"]
+    assert template["annotations"]
+    targets = [(d["metadata"]["namespace"], d["spec"]["target"]["name"]) for d in docs]
+    assert len(set(targets)) == len(targets), "samples must not fight over one target"
+
+
+def test_samples_hold_no_token() -> None:
+    text = SAMPLES_PATH.read_text(encoding="utf-8")
+    assert not re.search(r"himi_[0-9a-f]{16}_", text)
+    assert all(d["kind"] != "Secret" for d in samples())
+    assert "kubectl -n apps create secret generic himitsu-token" in text
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_sample_is_admitted_and_parsed(index: int) -> None:
+    sample = samples()[index]
+    assert admit(sample) == []
+    parsed = api.parse_spec(apply_defaults(sample, root_schema()))
+    assert parsed.target.name == sample["spec"]["target"]["name"]
+
+
+def _mutated(change: Callable[[Any], None]) -> Any:
+    obj = copy.deepcopy(CONTRACT_EXAMPLE)
+    change(obj["spec"])
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda s: s.pop("apiUrl"), "spec.apiUrl: Required value"),
+        (lambda s: s.update(apiUrl="ftp://h.example"), "spec.apiUrl: does not match"),
+        (lambda s: s.update(projectId="project-1"), "spec.projectId: does not match"),
+        (lambda s: s.update(refreshInterval="1d"), "spec.refreshInterval: does not match"),
+        (lambda s: s.update(refreshInterval=60), "spec.refreshInterval: expected string"),
+        (lambda s: s["target"].pop("name"), "spec.target.name: Required value"),
+        (lambda s: s["target"].update(creationPolicy="Adopt"), "Unsupported value 'Adopt'"),
+        (lambda s: s["target"].update(template={"format": "Yaml"}), "Unsupported value"),
+        (lambda s: s["target"].update(template={"key": "x.env"}), "only to the Dotenv"),
+        (lambda s: s["target"].update(template={"labels": {"a": 1}}), "expected string"),
+        (lambda s: s["target"].update(name="himitsu-token"), "must differ from"),
+        (lambda s: s["authSecretRef"].update(namespace="other"), "namespace is not supported"),
+        (lambda s: s["target"].update(namespace="other"), "spec.target.namespace: unknown"),
+    ],
+)
+def test_schema_rejects(change: Callable[[Any], None], expected: str) -> None:
+    errors = admit(_mutated(change))
+    assert any(expected in e for e in errors), errors
+
+
+def test_schema_accepts_blob_key_with_blob_format() -> None:
+    obj = _mutated(lambda s: s["target"].update(template={"format": "Dotenv", "key": "x.env"}))
+    assert admit(obj) == []

@@ -1,0 +1,197 @@
+"""Shared polls: one request per source and window, never shared across tokens."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import pytest
+
+from himitsu_controller import himitsu
+from himitsu_controller.polls import LocallyRateLimited, SharedPoller
+
+API = "https://himitsu.example.com"
+PROJECT = "11111111-1111-1111-1111-111111111111"
+ENV = "22222222-2222-2222-2222-222222222222"
+ENV2 = "33333333-3333-3333-3333-333333333333"
+TOKEN_A = "himi_aaaaaaaaaaaaaaaa_" + "A" * 43
+TOKEN_B = "himi_bbbbbbbbbbbbbbbb_" + "B" * 43
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeClient:
+    """A Himitsu environment per (env, token) with 304 semantics; records every request."""
+
+    def __init__(self) -> None:
+        self.version = 5
+        self.secrets: dict[str, dict[str, str]] = {TOKEN_A: {"K": "a"}, TOKEN_B: {"K": "b"}}
+        self.calls: list[tuple[str, str, int | None]] = []
+        self.gate: threading.Event | None = None
+        self.error: Exception | None = None
+
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None,
+    ) -> himitsu.FetchResult:
+        self.calls.append((environment_id, token, known_version))
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        if self.error is not None:
+            raise self.error
+        if known_version == self.version:
+            return himitsu.NotModified(self.version)
+        return himitsu.Fetched(self.version, dict(self.secrets[token]))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def client() -> FakeClient:
+    return FakeClient()
+
+
+@pytest.fixture
+def poller(client: FakeClient, clock: Clock) -> SharedPoller:
+    return SharedPoller(client, clock=clock)
+
+
+def fetch(poller: SharedPoller, *, token: str = TOKEN_A, env: str = ENV,
+          known: int | None = None, max_age: float = 6.0) -> himitsu.FetchResult:
+    return poller.fetch(api_url=API, project_id=PROJECT, environment_id=env, token=token,
+                        known_version=known, max_age=max_age)
+
+
+def secrets_of(result: himitsu.FetchResult) -> Mapping[str, str]:
+    assert isinstance(result, himitsu.Fetched)
+    return result.secrets
+
+
+def test_readers_of_one_source_share_one_request(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    first = fetch(poller)
+    clock.now += 3
+    second = fetch(poller, known=5)
+    third = fetch(poller)
+    assert len(client.calls) == 1
+    assert secrets_of(first) == secrets_of(third) == {"K": "a"}
+    assert second == himitsu.NotModified(5)
+    assert second.age == pytest.approx(3)
+
+
+def test_different_tokens_never_share(poller: SharedPoller, client: FakeClient) -> None:
+    a = fetch(poller, token=TOKEN_A)
+    b = fetch(poller, token=TOKEN_B)
+    assert [c[1] for c in client.calls] == [TOKEN_A, TOKEN_B]
+    assert secrets_of(a) == {"K": "a"}
+    assert secrets_of(b) == {"K": "b"}
+
+
+def test_different_environments_never_share(poller: SharedPoller, client: FakeClient) -> None:
+    fetch(poller, env=ENV)
+    fetch(poller, env=ENV2)
+    assert [c[0] for c in client.calls] == [ENV, ENV2]
+
+
+def test_a_stale_answer_is_revalidated_with_the_pollers_own_version(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    fetch(poller)
+    clock.now += 7
+    # The caller needs a full fetch (known None), yet the wire carries a conditional
+    # request: the poller holds version 5's secrets and a 304 confirms them.
+    result = fetch(poller, known=None)
+    assert client.calls[-1][2] == 5
+    assert secrets_of(result) == {"K": "a"}
+    assert result.age == 0
+
+
+def test_a_new_version_replaces_the_cached_secrets(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    fetch(poller)
+    client.version, client.secrets[TOKEN_A] = 6, {"K": "new"}
+    clock.now += 7
+    result = fetch(poller, known=5)
+    assert isinstance(result, himitsu.Fetched)
+    assert (result.version, dict(result.secrets)) == (6, {"K": "new"})
+
+
+def test_max_age_zero_always_asks_himitsu(poller: SharedPoller, client: FakeClient) -> None:
+    fetch(poller)
+    fetch(poller, known=5, max_age=0.0)
+    assert len(client.calls) == 2
+
+
+def test_concurrent_readers_wait_for_one_request(
+    poller: SharedPoller, client: FakeClient,
+) -> None:
+    client.gate = threading.Event()
+    results: list[himitsu.FetchResult] = []
+    threads = [threading.Thread(target=lambda: results.append(fetch(poller, max_age=0.0)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    deadline = threading.Event()
+    while not client.calls and not deadline.wait(0.01):
+        pass
+    client.gate.set()
+    for t in threads:
+        t.join(10)
+    # max_age 0 for everyone, and still only the in-flight request is made: an answer
+    # that arrives while a caller waits is as fresh as its own request would be.
+    assert len(client.calls) == 1
+    assert len(results) == 8
+
+
+def test_a_failed_request_fails_its_waiters_and_is_not_cached(
+    poller: SharedPoller, client: FakeClient,
+) -> None:
+    client.error = himitsu.ServerError("the Himitsu API answered 503", status=503)
+    with pytest.raises(himitsu.ServerError):
+        fetch(poller)
+    client.error = None
+    assert secrets_of(fetch(poller)) == {"K": "a"}
+    assert len(client.calls) == 2
+
+
+def test_a_429_holds_every_reader_of_the_source_until_retry_after(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    client.error = himitsu.RateLimited("rate limited", retry_after=30)
+    with pytest.raises(himitsu.RateLimited):
+        fetch(poller)
+    client.error = None
+    clock.now += 10
+    with pytest.raises(himitsu.RateLimited) as held:
+        fetch(poller, max_age=0.0)
+    assert held.value.retry_after == pytest.approx(20)
+    assert len(client.calls) == 1
+    clock.now += 21
+    fetch(poller, max_age=0.0)
+    assert len(client.calls) == 2
+
+
+def test_requests_per_token_are_paced_below_the_limit(client: FakeClient, clock: Clock) -> None:
+    poller = SharedPoller(client, clock=clock, rate_per_minute=60, burst=3)
+    envs = [f"4444444{i}-1111-1111-1111-111111111111" for i in range(5)]
+    for env in envs[:3]:
+        fetch(poller, env=env)
+    with pytest.raises(LocallyRateLimited) as paced:
+        fetch(poller, env=envs[3])
+    assert paced.value.retry_after == pytest.approx(1.0)
+    assert len(client.calls) == 3  # the paced request was never sent
+    fetch(poller, env=envs[3], token=TOKEN_B)  # another token has its own budget
+    clock.now += 1.0
+    fetch(poller, env=envs[4])
+    assert len(client.calls) == 5
