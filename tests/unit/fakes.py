@@ -236,6 +236,7 @@ class FakeFetcher:
     def __init__(self, *script: himitsu.FetchResult | Exception) -> None:
         self.script: list[himitsu.FetchResult | Exception] = list(script)
         self.calls: list[FetchCall] = []
+        self.max_ages: list[float] = []
 
     def then(self, *more: himitsu.FetchResult | Exception) -> FakeFetcher:
         self.script.extend(more)
@@ -250,6 +251,7 @@ class FakeFetcher:
         known_version: int | None, max_age: float = 0.0,
     ) -> himitsu.FetchResult:
         self.calls.append(FetchCall(api_url, project_id, environment_id, token, known_version))
+        self.max_ages.append(max_age)
         if not self.script:
             raise AssertionError(f"unexpected fetch #{len(self.calls)}")
         step = self.script.pop(0)

@@ -34,6 +34,7 @@ from reconcile_world import (
 
 from himitsu_controller import api, himitsu
 from himitsu_controller import logging as hlog
+from himitsu_controller.polls import LocallyRateLimited
 from himitsu_controller.reconciler import Conflict, KubeError
 
 
@@ -227,6 +228,27 @@ def test_requeue_after_refresh_interval_minus_jitter(rng: float, expected: float
     result = world.sync(5)
     assert result.requeue_after == pytest.approx(expected, abs=1e-3)
     assert result.requeue_after is not None and result.requeue_after <= 60.0
+
+
+def test_a_shared_answer_aligns_the_next_poll_on_its_request(world: World) -> None:
+    world.sync(5)
+    result = world.reconcile(himitsu.NotModified(5, age=4.0))
+    assert result.requeue_after == pytest.approx(56.0)
+    assert world.fetcher.max_ages[-1] == pytest.approx(6.0)  # 10% of the interval
+
+
+def test_force_sync_never_takes_a_shared_answer(world: World) -> None:
+    world.sync(5)
+    world.annotate(api.ANN_FORCE_SYNC, "now")
+    world.sync(5)
+    assert world.fetcher.max_ages[-1] == 0.0
+
+
+def test_local_pacing_requeues_quietly(world: World) -> None:
+    world.sync(5)
+    result = world.reconcile(LocallyRateLimited("paced", retry_after=3.0))
+    assert result.error is None and result.requeue_after == pytest.approx(3.0)
+    assert world.ready()["reason"] == "Synced"
 
 
 def test_refresh_interval_zero_syncs_once() -> None:
