@@ -50,6 +50,12 @@ _HEX = "[0-9a-fA-F]"
 _UUID_RE = re.compile(rf"^{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DATA_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
+# Kubernetes' qualified names (label and annotation keys) and label values: the CRD
+# types template.labels/annotations as string maps only, and a Secret carrying a bad one
+# would be refused by the apiserver after the fetch rather than reported as the spec error.
+_QUALIFIED_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+MAX_ANNOTATIONS_BYTES = 256 * 1024
 # [0-9], not \d: Go accepts ASCII digits only, and \d would let float() read any script's.
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_SECONDS = {
@@ -195,16 +201,22 @@ def parse_spec(obj: Mapping[str, Any]) -> Spec:
             "HimitsuSecret's own namespace"
         )
     auth_key = _optional_str(auth, "key", "authSecretRef.key") or "token"
-    if not _DATA_KEY_RE.match(auth_key):
+    if not _is_data_key(auth_key):
         raise InvalidSpec(f"authSecretRef.key {_show(auth_key)} is not a valid Secret data key")
     interval_raw = spec.get("refreshInterval", "1m")
     if not isinstance(interval_raw, str):
         raise InvalidSpec("refreshInterval must be a string such as 1m")
     refresh = parse_duration(interval_raw)
+    target = _parse_target(_mapping(spec.get("target"), "spec.target"))
+    if target.name == auth_name:
+        raise InvalidSpec(
+            "target.name must differ from authSecretRef.name: the operator would write "
+            "Himitsu secrets into the Secret that holds its own token"
+        )
     return Spec(
         api_url=api_url, project_id=project_id, environment_id=environment_id,
         auth_secret_name=auth_name, auth_secret_key=auth_key, refresh_interval=refresh,
-        target=_parse_target(_mapping(spec.get("target"), "spec.target")),
+        target=target,
     )
 
 
@@ -225,12 +237,15 @@ def _parse_target(target: Mapping[str, Any]) -> Target:
     if fmt not in FORMATS:
         raise InvalidSpec(f"target.template.format {_show(fmt)} must be KeyValue, Dotenv or Json")
     key = _optional_str(tpl, "key", "target.template.key") or None
-    if key is not None and (key in (".", "..") or not _DATA_KEY_RE.match(key) or len(key) > 253):
+    if key is not None and not _is_data_key(key):
         raise InvalidSpec(f"target.template.key {_show(key)} is not a valid Secret data key")
+    if key is not None and fmt == "KeyValue":
+        raise InvalidSpec("target.template.key applies only to the Dotenv and Json formats; "
+                          "KeyValue writes one data key per Himitsu secret")
     template = Template(
         format=fmt, key=key,
-        labels=_string_map(tpl.get("labels"), "target.template.labels"),
-        annotations=_string_map(tpl.get("annotations"), "target.template.annotations"),
+        labels=_labels(tpl.get("labels")),
+        annotations=_annotations(tpl.get("annotations")),
     )
     return Target(name=name, type=secret_type, creation_policy=policy, template=template)
 
@@ -325,6 +340,45 @@ def _string_map(value: Any, where: str) -> dict[str, str]:
     ):
         raise InvalidSpec(f"{where} must map strings to strings")
     return dict(value)
+
+
+def _is_data_key(key: str) -> bool:
+    """Kubernetes' rule for Secret data keys (IsConfigMapKey)."""
+    return len(key) <= 253 and bool(_DATA_KEY_RE.fullmatch(key)) and key != "." \
+        and not key.startswith("..")
+
+
+def _is_qualified_name(key: str) -> bool:
+    # fullmatch, not match: "$" also matches before a trailing newline.
+    prefix, slash, name = key.rpartition("/")
+    if slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(prefix)):
+        return False
+    return len(name) <= 63 and bool(_QUALIFIED_NAME_RE.fullmatch(name))
+
+
+def _labels(value: Any) -> dict[str, str]:
+    labels = _string_map(value, "target.template.labels")
+    for key, text in labels.items():
+        if not _is_qualified_name(key):
+            raise InvalidSpec(f"target.template.labels key {_show(key)} is not a valid label key")
+        if len(text) > 63 or not _LABEL_VALUE_RE.fullmatch(text):
+            raise InvalidSpec(
+                f"target.template.labels value {_show(text)} of {_show(key)} is not a valid "
+                "label value (at most 63 letters, digits, '-', '_' or '.')"
+            )
+    return labels
+
+
+def _annotations(value: Any) -> dict[str, str]:
+    annotations = _string_map(value, "target.template.annotations")
+    for key in annotations:
+        if not _is_qualified_name(key):
+            raise InvalidSpec(
+                f"target.template.annotations key {_show(key)} is not a valid annotation key")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        raise InvalidSpec("target.template.annotations exceed Kubernetes' 256 KiB limit")
+    return annotations
 
 
 def _int_or_none(value: Any) -> int | None:

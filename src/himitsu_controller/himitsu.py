@@ -18,6 +18,7 @@ and ``requestId``, never the envelope's free-text ``message`` or any part of a b
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import random
@@ -56,6 +57,8 @@ _log = structlog.get_logger(__name__)
 _TOKEN_LENGTH = 65
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_NETLOC = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|[A-Za-z0-9._-]+)(?::[0-9]*)?")
+MAX_API_URL_LENGTH = 2048
 _BACKOFF_CAP = 2.0
 
 
@@ -150,13 +153,20 @@ FetchResult = Fetched | NotModified
 def validate_api_url(url: str) -> str:
     """Return the normalised API base URL (lowercase scheme and host, no default port,
     no trailing slash) or raise InvalidInput. The URL is never echoed: it might hold
-    credentials."""
+    credentials. The CRD's rules, again: objects can skip its validation, and its pattern
+    admits URLs no parser makes sense of (``http://[::1``)."""
     candidate = url.strip() if isinstance(url, str) else ""
     if not candidate:
         raise InvalidInput("apiUrl is empty")
-    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in candidate):
+    if len(candidate) > MAX_API_URL_LENGTH:
+        raise InvalidInput(f"apiUrl is longer than {MAX_API_URL_LENGTH} characters")
+    if any(ch.isspace() or not ch.isprintable() for ch in candidate):
         raise InvalidInput("apiUrl must not contain whitespace or control characters")
-    parts = urlsplit(candidate)
+    try:
+        parts = urlsplit(candidate)
+        host, port = parts.hostname, parts.port
+    except ValueError:  # unbalanced brackets, a port out of range or not a number
+        raise InvalidInput("apiUrl is not a valid URL (check the host and port)") from None
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
         raise InvalidInput("apiUrl must start with https:// or http://")
@@ -164,17 +174,26 @@ def validate_api_url(url: str) -> str:
         raise InvalidInput("apiUrl must not contain credentials (user:password@)")
     if "?" in candidate or "#" in candidate:
         raise InvalidInput("apiUrl must not have a query or a fragment")
-    host = parts.hostname
     if not host:
         raise InvalidInput("apiUrl has no host")
-    try:
-        port = parts.port
-    except ValueError:
-        raise InvalidInput("apiUrl has an invalid port") from None
+    if not _host_is_valid(parts.netloc):
+        raise InvalidInput("apiUrl's host must be an ASCII DNS name (xn-- for an "
+                           "internationalised one) or an IP address")
     netloc = f"[{host}]" if ":" in host else host
     if port is not None and port != _DEFAULT_PORTS[scheme]:
         netloc = f"{netloc}:{port}"
     return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+def _host_is_valid(netloc: str) -> bool:
+    """A name or IPv4 address of the CRD's characters, or a bracketed IPv6 address (no
+    zone: it names an interface of whichever machine runs the operator)."""
+    match = _NETLOC.fullmatch(netloc)
+    try:
+        return match is not None and (match["ipv6"] is None or
+                                      bool(ipaddress.IPv6Address(match["ipv6"]).packed))
+    except ValueError:
+        return False
 
 
 def _token_problem(candidate: str) -> str | None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MAX_MESSAGE = 1024
+MAX_MESSAGE = 1024  # bytes
 
 
 class StatusWriter:
@@ -67,6 +67,7 @@ class StatusWriter:
     ) -> None:
         previous = self._current(key, obj)
         status = dict(previous)
+        message = bounded(message)
         status["conditions"] = [self._ready("False", reason, message, previous, generation)]
         transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
         if status != previous:
@@ -97,8 +98,7 @@ class StatusWriter:
         since = _ready_field(previous, "lastTransitionTime")
         if _ready_status(previous) != state or not since:
             since = self._timestamp()
-        if len(message) > MAX_MESSAGE:
-            message = message[: MAX_MESSAGE - 1] + "…"
+        message = bounded(message)
         return api.Condition(
             type="Ready", status=state, reason=reason, message=message,
             last_transition_time=str(since), observed_generation=generation,
@@ -121,6 +121,15 @@ class StatusWriter:
 
     def _timestamp(self) -> str:
         return self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def bounded(message: str) -> str:
+    """``message`` cut to at most MAX_MESSAGE bytes of UTF-8 (what etcd stores), with an
+    ellipsis when cut: a message quoting user input must not bloat the object."""
+    if len(message.encode("utf-8")) <= MAX_MESSAGE:
+        return message
+    cut = message.encode("utf-8")[: MAX_MESSAGE - len("…".encode())]
+    return cut.decode("utf-8", "ignore") + "…"
 
 
 def _ready_field(status: Mapping[str, Any], name: str) -> Any:

@@ -216,6 +216,26 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("annotation value not a string",
      make_obj(target={"name": "t", "template": {"annotations": {"a": 1}}}),
      "target.template.annotations must map strings to strings"),
+    # Rules the CRD states (CEL, patterns) or cannot state, checked again.
+    ("target is the token Secret", make_obj(target={"name": "himitsu-token"}),
+     "target.name must differ from authSecretRef.name"),
+    ("key with KeyValue", make_obj(target={"name": "t", "template": {"key": "x.env"}}),
+     "applies only to the Dotenv and Json formats"),
+    ("auth key starts with ..", make_obj(authSecretRef={"name": "t", "key": "..x"}),
+     "not a valid Secret data key"),
+    ("auth key too long", make_obj(authSecretRef={"name": "t", "key": "k" * 254}),
+     "not a valid Secret data key"),
+    ("label key", make_obj(target={"name": "t", "template": {"labels": {"a b": "v"}}}),
+     "target.template.labels key 'a b' is not a valid label key"),
+    ("label prefix", make_obj(target={"name": "t", "template": {"labels": {"A.io/k": "v"}}}),
+     "not a valid label key"),
+    ("label value", make_obj(target={"name": "t", "template": {"labels": {"k": "v" * 64}}}),
+     "not a valid label value"),
+    ("annotation key", make_obj(target={"name": "t", "template": {"annotations": {"/k": "v"}}}),
+     "not a valid annotation key"),
+    ("annotations too big",
+     make_obj(target={"name": "t", "template": {"annotations": {"k": "v" * 262_144}}}),
+     "256 KiB"),
 ]
 
 

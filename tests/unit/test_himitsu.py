@@ -138,6 +138,11 @@ def test_validate_api_url_normalises(given: str, expected: str) -> None:
     "https://user:canary-pass@himitsu.example.com", "https://himitsu.example.com?x=1",
     "https://himitsu.example.com/#frag", "https://himitsu.example.com:99999",
     "https://himi tsu.example.com", "https://himitsu.example.com/a\nb", "https://h\x00.test",
+    # Admitted by the CRD's pattern, yet no URL (urlsplit raised ValueError on these).
+    "http://[::1", "https://h.example]", "https://[::1]]",
+    # Not ASCII, a zone, an invisible character, or longer than the CRD allows.
+    "https://b\u00fccher.example", "https://[fe80::1%25eth0]", "https://exa\u200bmple.com",
+    "https://h.example/\x9b", "https://[v1.x]", "https://h.example/" + "a" * 2040,
 ])
 def test_validate_api_url_rejects(given: str) -> None:
     with pytest.raises(InvalidInput) as caught:

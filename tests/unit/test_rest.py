@@ -80,6 +80,12 @@ def test_resource_paths() -> None:
         nodes.path("ns")
     with pytest.raises(ValueError, match="subresource"):
         WIDGETS.path("ns", subresource="status")
+    # "" would turn a GET into a LIST; urllib3 resolves "." and ".." as dot segments.
+    for bad in ("", ".", ".."):
+        with pytest.raises(ValueError, match="not a namespace or object name"):
+            CONFIGMAPS.path(bad)
+        with pytest.raises(ValueError, match="not a namespace or object name"):
+            CONFIGMAPS.path("ns", bad)
 
 
 # Requests, auth, errors.

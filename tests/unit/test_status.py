@@ -169,7 +169,15 @@ def test_failure_keeps_what_the_last_sync_recorded(writer: StatusWriter,
 
 def test_long_messages_are_bounded(writer: StatusWriter, kube: FakeKube) -> None:
     failed(writer, kube, message="x" * 10_000)
-    assert len(ready(kube)["message"]) == MAX_MESSAGE
+    assert len(ready(kube)["message"].encode()) == MAX_MESSAGE
+    assert ready(kube)["message"].endswith("…")
+    # In bytes, not characters (what etcd stores), and never a broken character; the
+    # Event carries the same bounded message.
+    failed(writer, kube, message="\u00e9" * 10_000, reason="InvalidSpec")
+    message = ready(kube)["message"]
+    assert len(message.encode()) <= MAX_MESSAGE
+    assert message.startswith("\u00e9" * 500)
+    assert kube.events[-1].message == message
 
 
 def test_force_sync_value_is_recorded_and_cleared(writer: StatusWriter,

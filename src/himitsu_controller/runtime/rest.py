@@ -76,6 +76,12 @@ class Resource:
 
     def path(self, namespace: str | None = None, name: str | None = None,
              subresource: str | None = None) -> str:
+        for segment in (namespace, name):
+            # Quoting cannot save these: "" turns a GET of one object into a LIST, and
+            # urllib3 resolves "." and ".." as dot segments, so secrets/.. would read
+            # the Namespace and namespaces/../secrets every Secret in the cluster.
+            if segment is not None and segment in ("", ".", ".."):
+                raise ValueError(f"{segment!r} is not a namespace or object name")
         prefix = f"/api/{self.version}" if self.group == "" else \
             f"/apis/{self.group}/{self.version}"
         if namespace is not None:
