@@ -1,0 +1,64 @@
+"""creationPolicy Merge: our keys go into someone else's Secret; theirs are never touched."""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import Harness, Sync
+from .kubehelp import KubeApi, decoded, hsec_path, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
+
+HELM = {"app.kubernetes.io/managed-by": "Helm"}
+
+
+def _merged(h: Harness, ns: str, *keys: str) -> tuple[Sync, dict[str, str]]:
+    """A Helm-style Secret with foreign keys, and a Merge HimitsuSecret synced into it."""
+    foreign = h.canary.values("HELM_VALUE", "CHART_PASSWORD")
+    h.secret(ns, "app-secrets", foreign, labels=dict(HELM))
+    sync = h.sync(ns, *keys, target="app-secrets", policy="Merge")
+    h.wait_data(ns, "app-secrets", {**foreign, **sync.values})
+    return sync, foreign
+
+
+def test_merge_keeps_foreign_keys_and_a_foreign_managed_by_label(h: Harness, ns: str,
+                                                                kube: KubeApi) -> None:
+    sync, _foreign = _merged(h, ns, "API_KEY", "DB_PASSWORD")
+
+    secret = kube.secret(ns, "app-secrets")
+    assert secret is not None
+    meta = secret["metadata"]
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert meta["labels"]["himitsu.io/managed"] == "true"
+    assert not meta.get("ownerReferences"), "a Merge target must not be owned"
+    assert sorted(meta["annotations"]["himitsu.io/managed-keys"].split(",")) == sorted(
+        sync.values)
+
+
+def test_merge_removes_stale_managed_keys_only(h: Harness, ns: str) -> None:
+    sync, foreign = _merged(h, ns, "API_KEY", "OLD_FLAG")
+
+    h.standin.delete_secret(sync.env, "OLD_FLAG")
+
+    h.wait_data(ns, "app-secrets", {**foreign, "API_KEY": sync.values["API_KEY"]}, timeout=30)
+
+
+def test_merge_target_outlives_the_himitsu_secret(h: Harness, ns: str, kube: KubeApi) -> None:
+    sync, foreign = _merged(h, ns, "API_KEY")
+    owner = h.get_hsec(ns, sync.name)
+    # A sentinel the garbage collector must delete with the HimitsuSecret: once it is
+    # gone, the collector has acted on this owner, and the target must still be there.
+    h.kube.create(f"/api/v1/namespaces/{ns}/secrets", {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "gc-sentinel", "ownerReferences": [{
+            "apiVersion": "himitsu.io/v1alpha1", "kind": "HimitsuSecret",
+            "name": sync.name, "uid": owner["metadata"]["uid"]}]},
+    })
+
+    kube.delete(hsec_path(ns, sync.name))
+
+    wait_for(lambda: kube.secret(ns, "gc-sentinel") is None, timeout=60,
+             what="the garbage collector to delete the sentinel")
+    target = kube.secret(ns, "app-secrets")
+    assert target is not None, "the Merge target was deleted with its HimitsuSecret"
+    assert decoded(target) == {**foreign, **sync.values}
