@@ -36,7 +36,11 @@ lint: venv ## ruff + mypy --strict
 .PHONY: test
 test: venv kube-build ## Unit tests, then the end-to-end suite on a local control plane (the CI command)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
-	$(PY) -m pytest tests/e2e -m "e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e -m "e2e and not faults" $(PYTEST_ARGS)
+
+.PHONY: test-faults
+test-faults: venv kube-build ## Fault-injection e2e tests (apiserver restarts, Himitsu outages, leader loss; CI runs them)
+	$(PY) -m pytest tests/e2e -m "faults" $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: venv ## Unit tests only (seconds, no cluster)
@@ -44,7 +48,7 @@ test-unit: venv ## Unit tests only (seconds, no cluster)
 
 .PHONY: test-e2e
 test-e2e: venv kube-build ## End-to-end suite (starts its own control plane, or uses E2E_KUBECONFIG)
-	$(PY) -m pytest tests/e2e -m "e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e -m "e2e and not faults" $(PYTEST_ARGS)
 
 ##@ Local control plane (etcd, kube-apiserver, kube-controller-manager built from Go modules)
 .PHONY: kube-build
@@ -54,6 +58,10 @@ kube-build: ## Build the control-plane binaries into hack/kube/bin (cached)
 .PHONY: cluster-up
 cluster-up: kube-build ## Start it on 127.0.0.1; kubeconfig in .local/kubeconfig, kubectl in .local/bin
 	$(PYTHON_SYSTEM) hack/localcluster.py up --dir $(LOCAL)
+
+.PHONY: cluster-status
+cluster-status: ## Is the local control plane up?
+	$(PYTHON_SYSTEM) hack/localcluster.py status --dir $(LOCAL)
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local control plane (by PID)
