@@ -30,7 +30,7 @@ install-dev: venv
 
 .PHONY: lint
 lint: venv ## ruff + mypy --strict
-	$(VENV)/bin/ruff check src tests hack bench
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict
 
 .PHONY: test
