@@ -137,6 +137,9 @@ class Fetched:
     # Seconds since the request that produced this answer (non-zero when a shared poll
     # answered from its cache); the reconciler aligns its next poll on it.
     age: float = field(default=0.0, compare=False)
+    # The requeue jitter (0..1) drawn once for the request that produced this answer, so
+    # every HimitsuSecret sharing it comes back at the same moment; None: draw your own.
+    jitter: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ class NotModified:
 
     version: int
     age: float = field(default=0.0, compare=False)
+    jitter: float | None = field(default=None, compare=False)
 
 
 FetchResult = Fetched | NotModified

@@ -21,6 +21,7 @@ turns into a quiet requeue rather than a failure.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +53,7 @@ class _Entry:
     version: int | None = None
     secrets: Mapping[str, str] | None = field(default=None, repr=False)
     blocked_until: float = 0.0
+    jitter: float = 0.0  # drawn once per request; see ``SharedPoller``
 
 
 @dataclass
@@ -67,13 +69,18 @@ class _Bucket:
 
 
 class SharedPoller:
+    """Every answer carries the age of the request behind it and one requeue jitter drawn
+    for that request (``rng``), so all readers of a source schedule their next poll for
+    the same moment and share it again, round after round."""
+
     def __init__(
         self, client: Client, *, clock: Callable[[], float] = time.monotonic,
         rate_per_minute: float = TOKEN_RATE_PER_MINUTE, burst: float = TOKEN_BURST,
-        flight_timeout: float = 60.0,
+        flight_timeout: float = 60.0, rng: Callable[[], float] = random.random,
     ) -> None:
         self._client = client
         self._clock = clock
+        self._rng = rng
         self._rate = rate_per_minute / 60.0
         self._burst = burst
         self._flight_timeout = flight_timeout
@@ -133,9 +140,10 @@ class SharedPoller:
         if entry.version is None or max_age <= 0 or age > max_age:
             return None
         if known is not None and known == entry.version:
-            return himitsu.NotModified(version=entry.version, age=age)
+            return himitsu.NotModified(version=entry.version, age=age, jitter=entry.jitter)
         if entry.secrets is not None:
-            return himitsu.Fetched(version=entry.version, secrets=entry.secrets, age=age)
+            return himitsu.Fetched(version=entry.version, secrets=entry.secrets, age=age,
+                                   jitter=entry.jitter)
         return None
 
     def _request(
@@ -156,6 +164,7 @@ class SharedPoller:
             raise
         with self._lock:
             entry.at = self._clock()
+            entry.jitter = self._rng()
             entry.blocked_until = 0.0
             if isinstance(result, himitsu.Fetched):
                 entry.version, entry.secrets = result.version, result.secrets

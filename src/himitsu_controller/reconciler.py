@@ -103,6 +103,7 @@ class _Memory:
     uid: str
     target_rv: str | None = None
     failures: int = 0
+    due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ class HimitsuSecretReconciler:
         deferred = self._defer_after_restart(ctx, spec, mem)
         if deferred is not None:
             return deferred
+        if self._synced_once(ctx, spec, mem):
+            return Result()
         token = self._token(ctx.owner.namespace, spec)
         target = self._read_target(ctx, spec, mem)
         try:
@@ -173,7 +176,7 @@ class HimitsuSecretReconciler:
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
         known = self._known_version(ctx, spec, target)
-        result = self._fetch(ctx, spec, token, known)
+        result = self._fetch(ctx, spec, token, known, late=self._lateness(mem))
         if isinstance(result, himitsu.NotModified):
             data_changed = False
             count = ctx.status.secret_count
@@ -193,7 +196,9 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.failures = 0
-        return Result(requeue_after=self._next_poll(spec.refresh_interval, age=result.age))
+        delay = self._next_poll(spec.refresh_interval, age=result.age, jitter=result.jitter)
+        mem.due = None if delay is None else self._now().timestamp() + delay
+        return Result(requeue_after=delay)
 
     def _known_version(
         self, ctx: _Context, spec: api.Spec, target: dict[str, Any] | None,
@@ -234,7 +239,28 @@ class HimitsuSecretReconciler:
         ):
             return None
         mem.target_rv = _rv(target)
+        mem.due = self._now().timestamp() + remaining
         return Result(requeue_after=remaining)
+
+    def _synced_once(self, ctx: _Context, spec: api.Spec, mem: _Memory) -> bool:
+        """refreshInterval 0 and the target is still exactly what this process last wrote:
+        nothing to poll. The event that woke us was our own write (or a resync).
+
+        Without this, the watch event of the first sync's own write would cost one more
+        request: "0 syncs once" would be twice. Drift (another resourceVersion), a spec
+        change, a force-sync, a failure and a restart (no memory yet) still sync.
+        """
+        if spec.refresh_interval > 0 or mem.target_rv is None or mem.failures:
+            return False
+        status = ctx.status
+        if (status.ready is None or status.ready.status != "True"
+                or status.observed_generation != ctx.generation
+                or api.force_sync_value(ctx.obj) != status.last_force_sync):
+            return False
+        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
+        return _rv(target) == mem.target_rv and targets.is_consistent(
+            target, owner=ctx.owner, spec=spec, version=status.config_version,
+        )
 
     def _read_target(
         self, ctx: _Context, spec: api.Spec, mem: _Memory,
@@ -282,13 +308,17 @@ class HimitsuSecretReconciler:
                            f"token in Secret {name!r} key {key!r}: {exc}") from None
 
     def _fetch(
-        self, ctx: _Context, spec: api.Spec, token: str, known: int | None,
+        self, ctx: _Context, spec: api.Spec, token: str, known: int | None, *,
+        late: float = 0.0,
     ) -> himitsu.FetchResult:
         # A user's force-sync asks Himitsu itself; otherwise an answer shared with other
         # HimitsuSecrets reading the same source is fine while it is within the jitter
-        # window, which bounds how stale a shared answer can be.
+        # window, which bounds how stale a shared answer can be. A poll running `late`
+        # (a backlog in the queue) takes any answer fetched since its window began: under
+        # load, readers of one source reach the poller seconds apart and would otherwise
+        # each ask Himitsu, exactly when the operator can least afford it.
         forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
-        max_age = 0.0 if forced else JITTER * spec.refresh_interval
+        max_age = 0.0 if forced else JITTER * spec.refresh_interval + late
         try:
             result = self._fetcher.fetch(
                 api_url=spec.api_url, project_id=spec.project_id,
@@ -368,6 +398,7 @@ class HimitsuSecretReconciler:
     def _failed(self, ctx: _Context, spec: api.Spec | None, failure: _Failure) -> Result:
         mem = self._remember(ctx)
         mem.failures += 1
+        mem.due = None  # a retry is not the scheduled poll: no lateness allowance
         metrics.count_sync("failed", failure.reason)
         log.info("sync failed", key=ctx.key, reason=failure.reason, message=failure.message)
         try:
@@ -385,12 +416,27 @@ class HimitsuSecretReconciler:
         cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF
         return float(min(2.0 ** min(failures - 1, 30), max(cap, 1.0)))
 
-    def _next_poll(self, interval: float, *, age: float = 0.0) -> float | None:
+    def _next_poll(
+        self, interval: float, *, age: float = 0.0, jitter: float | None = None,
+    ) -> float | None:
         """Up to 10% early, never late; aligned on the request that produced the answer, so
-        HimitsuSecrets sharing a poll keep arriving together and keep sharing it."""
+        HimitsuSecrets sharing a poll keep arriving together and keep sharing it.
+
+        The jitter is the shared answer's own (one draw per request) when the poller gives
+        one: with a draw per HimitsuSecret, readers of one source came back spread over
+        the whole 10% window, the last ones just outside the sharing window of the first
+        one's request, and every round split the group into two or three requests.
+        """
         if interval <= 0:
             return None
-        return max(0.0, interval - age - self._rng() * JITTER * interval)
+        fraction = self._rng() if jitter is None else jitter
+        return max(0.0, interval - age - fraction * JITTER * interval)
+
+    def _lateness(self, mem: _Memory) -> float:
+        """Seconds this timed poll runs behind its schedule (0 for any other reconcile)."""
+        if mem.due is None:
+            return 0.0
+        return max(0.0, self._now().timestamp() - mem.due)
 
     def _check_api_url(self, spec: api.Spec) -> None:
         try:

@@ -89,6 +89,20 @@ def test_readers_of_one_source_share_one_request(
     assert second.age == pytest.approx(3)
 
 
+def test_readers_of_one_answer_share_the_jitter_drawn_for_its_request(
+    client: FakeClient, clock: Clock,
+) -> None:
+    draws = iter([0.25, 0.75])
+    poller = SharedPoller(client, clock=clock, rng=lambda: next(draws))
+    first = fetch(poller)
+    clock.now += 3
+    second = fetch(poller, known=5)
+    assert first.jitter == second.jitter == 0.25
+    clock.now += 7
+    third = fetch(poller, known=5)  # a new request: a new draw for its readers
+    assert len(client.calls) == 2 and third.jitter == 0.75
+
+
 def test_different_tokens_never_share(poller: SharedPoller, client: FakeClient) -> None:
     a = fetch(poller, token=TOKEN_A)
     b = fetch(poller, token=TOKEN_B)

@@ -237,6 +237,31 @@ def test_a_shared_answer_aligns_the_next_poll_on_its_request(world: World) -> No
     assert world.fetcher.max_ages[-1] == pytest.approx(6.0)  # 10% of the interval
 
 
+def test_readers_of_a_shared_answer_use_its_jitter_not_their_own() -> None:
+    # Their own draws would spread them over the 10% window and split the group at its
+    # edge every round; the answer's one draw brings them all back together.
+    world = World(rng=0.9)
+    world.sync(5)
+    result = world.reconcile(himitsu.NotModified(5, age=4.0, jitter=0.5))
+    assert result.requeue_after == pytest.approx(60.0 - 4.0 - 3.0)
+
+
+def test_a_late_poll_accepts_answers_fetched_since_its_window_began(world: World) -> None:
+    world.sync(5)  # rng 0: the next poll is due in exactly 60 s
+    world.clock.advance(63)  # the queue had a backlog: 3 s late
+    world.reconcile(himitsu.NotModified(5, age=8.0))
+    assert world.fetcher.max_ages[-1] == pytest.approx(6.0 + 3.0)
+
+
+def test_a_retry_after_a_failure_gets_no_lateness_allowance(world: World) -> None:
+    world.sync(5)
+    world.clock.advance(70)
+    world.reconcile(himitsu.ServerError("503"))
+    world.clock.advance(5)
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.max_ages[-1] == pytest.approx(6.0)
+
+
 def test_force_sync_never_takes_a_shared_answer(world: World) -> None:
     world.sync(5)
     world.annotate(api.ANN_FORCE_SYNC, "now")
@@ -259,6 +284,19 @@ def test_refresh_interval_zero_syncs_once() -> None:
     del world.kube.secrets[(NS, TARGET)]
     world.sync(5)
     assert world.data() == values()
+
+
+def test_refresh_interval_zero_is_not_woken_into_a_poll_by_its_own_write() -> None:
+    world = World(refreshInterval="0")
+    world.sync(5)
+    # The watch event of our own write wakes the reconciler: nothing to ask Himitsu.
+    result = world.reconcile()
+    assert world.fetcher.known_versions == [None]
+    assert result.requeue_after is None and result.error is None
+    # A force-sync still asks (and a full fetch it is).
+    world.annotate(api.ANN_FORCE_SYNC, "now")
+    world.sync(5)
+    assert world.fetcher.known_versions == [None, None]
 
 
 @pytest.mark.parametrize(("interval", "expected"), [
