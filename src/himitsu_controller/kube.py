@@ -59,7 +59,7 @@ class KubeClient:
         try:
             return self._rest.request(method, path, **kwargs)
         except TransportError:
-            raise KubeError(f"{method} {path.rsplit('/', 2)[-2]}: Kubernetes API unreachable",
+            raise KubeError(f"{method} {_object_of(path)}: Kubernetes API unreachable",
                             status=0, reason="Unreachable") from None
 
     def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -177,6 +177,14 @@ def _kube_error(exc: ApiError, doing: str) -> KubeError:
     if exc.status in (403, 422) and exc.message:
         text += f": {str(exc.message)[:_SHOWN_MESSAGE]}"
     return KubeError(text, status=exc.status, reason=exc.reason or "")
+
+
+def _object_of(path: str) -> str:
+    """What a request path names after its namespace: ``secrets`` (a create),
+    ``secrets/app`` or ``himitsusecrets/app/status``. The namespace is the HimitsuSecret's
+    own, so a status message needs only this part."""
+    _, found, rest = path.partition("/namespaces/")
+    return rest.partition("/")[2] if found else path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _without_server_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,12 @@ class Canary:
                 raise ValueError("key names are not secret; keep the marker out of them")
         return {key: self.value(key.lower()[:12]) for key in keys}
 
+    def padded_value(self, label: str, size: int) -> str:
+        """A secret value of ``size`` characters (a big payload), remembered whole, so
+        the scan also knows its base64 form."""
+        head = f"{MARKER}-{label}-{secrets.token_hex(6)}-"
+        return self._remember(head + secrets.token_urlsafe(size)[:max(0, size - len(head))])
+
     def token(self) -> str:
         """A well-formed Himitsu token (``himi_<16 hex>_<43 base64url>``) with the marker."""
         body = MARKER + _b64url(43 - len(MARKER))

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from fake_apiserver import Canned, FakeApiServer, WatchSession, status_body
 from kubernetes import client as k8s
+from structlog.testing import capture_logs
 
 from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.rest import Resource, RestClient
@@ -179,8 +180,12 @@ def test_expired_watch_relists_and_synthesises_deletes(
     server.remove("a")
     server.put("b", data={"v": "2"})
     server.put("d")
-    session.send({"type": "ERROR", "object": status_body(410, "Expired", "too old")})
-    rewatch = server.next_watch()
+    with capture_logs() as logs:
+        session.send({"type": "ERROR", "object": status_body(410, "Expired", "too old")})
+        rewatch = server.next_watch()
+    # Said in the log, as for a refused watch: an operator sees why a relist happened.
+    assert {"event": "resource version too old, relisting", "informer": "widgets",
+            "log_level": "info"} in logs
     assert running.recorder.take(3) == [("update", "ns/b", "105"), ("add", "ns/d", "106"),
                                         ("delete", "ns/a", "101")]
     assert sorted(running.informer.store.keys()) == ["ns/b", "ns/c", "ns/d"]

@@ -17,7 +17,7 @@ import pytest
 from himitsu_controller import api
 from himitsu_controller.kube import TOKEN_TTL, KubeClient
 from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
-from himitsu_controller.runtime.rest import ApiError, RestClient
+from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 
 SECRET_PATH = "/api/v1/namespaces/apps/secrets/app-secrets"
 TOKEN_PATH = "/api/v1/namespaces/apps/secrets/himitsu-token"
@@ -36,10 +36,10 @@ class RecordingRest:
     """Answers ``request`` from a table of (method, path) -> dict | ApiError."""
 
     def __init__(self) -> None:
-        self.answers: dict[tuple[str, str], list[dict[str, Any] | ApiError]] = {}
+        self.answers: dict[tuple[str, str], list[dict[str, Any] | Exception]] = {}
         self.sent: list[Sent] = []
 
-    def answer(self, method: str, path: str, *answers: dict[str, Any] | ApiError) -> None:
+    def answer(self, method: str, path: str, *answers: dict[str, Any] | Exception) -> None:
         self.answers.setdefault((method, path), []).extend(answers)
 
     def request(self, method: str, path: str, *, query: Any = None, body: Any = None,
@@ -50,7 +50,7 @@ class RecordingRest:
         if not queue:
             raise AssertionError(f"unexpected {method} {path}")
         answer = queue.pop(0) if len(queue) > 1 else queue[0]
-        if isinstance(answer, ApiError):
+        if isinstance(answer, Exception):
             raise answer
         return answer
 
@@ -310,3 +310,23 @@ def test_event_errors_are_kube_errors(h: Harness) -> None:
     with pytest.raises(KubeError, match="recording an Event failed: 403 Forbidden"):
         h.client.record_event({"metadata": {"namespace": "apps", "name": "x"}},
                               type="Normal", reason="Synced", message="m")
+
+
+@pytest.mark.parametrize(("method", "path", "named"), [
+    ("POST", "/api/v1/namespaces/apps/secrets", "POST secrets"),
+    ("PUT", SECRET_PATH, "PUT secrets/app-secrets"),
+    ("PATCH", "/apis/himitsu.io/v1alpha1/namespaces/apps/himitsusecrets/app/status",
+     "PATCH himitsusecrets/app/status"),
+])
+def test_an_unreachable_apiserver_names_the_object_not_the_namespace(
+        h: Harness, method: str, path: str, named: str) -> None:
+    h.rest.answer(method, path, TransportError("connection refused"))
+    with pytest.raises(KubeError) as info:
+        if method == "POST":
+            h.client.create_secret("apps", secret())
+        elif method == "PUT":
+            h.client.update_secret("apps", secret())
+        else:
+            h.client.patch_status("apps", "app", {"x": 1})
+    assert str(info.value) == f"{named}: Kubernetes API unreachable"
+    assert info.value.reason == "Unreachable"

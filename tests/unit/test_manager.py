@@ -339,6 +339,29 @@ def test_stop_drains_workers_before_releasing_the_lease(
     assert journal.before("reconcile-done:ns/a", "elector-release")
 
 
+def test_lost_leadership_exits_without_waiting_for_in_flight_reconciles(
+    journal: Journal, start: Callable[[Manager], Running]
+) -> None:
+    # Another replica may lead soon after: a reconcile that finished now would write
+    # next to it. The grace period is for requested stops only.
+    release = threading.Event()
+    ctrl = blocking_controller(journal, release)
+    election = FakeElection(journal)
+    mgr = manager(leader_election=election, graceful_shutdown_timeout=WAIT * 2)
+    mgr.add_controller(ctrl)
+    run = start(mgr)
+    journal.wait_for("elector-run")
+    election.grant()
+    ctrl.enqueue("ns/slow")
+    journal.wait_for("reconcile-start:ns/slow")
+    try:
+        election.lose()
+        assert run.exit_code() == 1
+        assert "reconcile-done:ns/slow" not in journal.entries
+    finally:
+        release.set()
+
+
 def test_drain_past_the_grace_period_exits_1(
     journal: Journal, start: Callable[[Manager], Running]
 ) -> None:

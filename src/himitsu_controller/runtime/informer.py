@@ -163,6 +163,8 @@ class Informer:
                     self._succeeded()
                     continue
                 need_list = self._watch(stop)
+                if need_list:  # an ERROR event said so: the same line as a refused watch
+                    log.info("resource version too old, relisting", informer=self.name)
             except ApiError as exc:
                 if phase == "watch" and _is_expired(exc.status, exc.reason):
                     log.info("resource version too old, relisting", informer=self.name)

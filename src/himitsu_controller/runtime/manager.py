@@ -10,8 +10,9 @@ Why the order matters (controller-runtime's manager, done with plain threads):
 4. on stop (SIGTERM/SIGINT or ``request_stop``): workers drain first, *then* the Lease is
    released (a standby taking over must not overlap our last writes), then informers and
    servers stop. Exit code 0, or 1 if the drain outlived ``graceful_shutdown_timeout``;
-5. on lost leadership: stop workers and return 1, so the Deployment restarts the pod
-   and it campaigns again from a clean slate.
+5. on lost leadership: stop workers without waiting for in-flight reconciles (another
+   replica may be leading by the time they would write) and return 1, so the
+   Deployment restarts the pod and it campaigns again from a clean slate.
 
 The elector needs callbacks into the manager, so the manager takes a *factory*
 ``leader_election(on_started_leading, on_stopped_leading) -> elector`` and builds the
@@ -330,11 +331,19 @@ class Manager:
     # -- stopping ---------------------------------------------------------------------
 
     def _shutdown(self) -> int:
-        """Stop in order; 1 if the workers did not drain within the grace period."""
+        """Stop in order; 1 if the workers did not drain within the grace period.
+
+        After lost leadership there is no grace period (controller-runtime skips it
+        too): another replica may lead one lease duration after our last renewal, and a
+        reconcile allowed to finish (a Himitsu fetch may take 30 s) would write next to
+        it. The process exits with its workers still in flight instead.
+        """
         with self._lock:
             self._stopping = True
+            lost = self._lost_leadership
         self._stop.set()
-        deadline = time.monotonic() + self._graceful_shutdown_timeout
+        grace = 0.0 if lost else self._graceful_shutdown_timeout
+        deadline = time.monotonic() + grace
         drained = True
         for controller in self._controllers:
             remaining = max(0.0, deadline - time.monotonic())
@@ -343,7 +352,9 @@ class Manager:
         for thread in self._runnable_threads.values():
             thread.join(max(0.0, deadline - time.monotonic()))
             drained = drained and not thread.is_alive()
-        if not drained:
+        if lost:
+            log.info("leadership lost: not waiting for in-flight reconciles", drained=drained)
+        elif not drained:
             log.error("workers did not finish within the graceful shutdown timeout",
                       timeout_seconds=self._graceful_shutdown_timeout)
         self._elector_stop.set()  # releases the Lease, now that no worker is writing

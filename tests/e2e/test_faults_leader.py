@@ -1,0 +1,209 @@
+"""The leader dies or is stopped under load: the standby takes over in time, never alongside.
+
+test_leader_election.py shows that a killed leader is replaced and that SIGTERM releases
+the Lease. This adds the bounds and the load: six HimitsuSecrets polled every second keep
+both replicas' would-be writes (Secrets, status, Events) coming, and then
+
+* SIGKILL the leader: the standby holds the Lease within LeaseDuration + RetryPeriod
+  (with client-go's 1.2 jitter factor) plus slack, and syncs a change made upstream;
+* the test, playing the Deployment, starts the killed replica again: it waits as standby;
+* SIGTERM the new leader: the restarted replica leads within a few seconds, well inside
+  the lease duration, which only a released Lease allows; it syncs the next change;
+* the audit log, which names the ServiceAccount behind every write, shows the writes of
+  the replicas as consecutive eras (first leader, standby, restarted replica) that never
+  overlap: after one replica's first write, the one before it wrote nothing more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from . import cluster_setup
+from .cluster_setup import Cluster
+from .faultkit import AuditEntry, AuditLog, leading, log_events, operator_user
+from .harness import Harness, Sync
+from .kubehelp import KubeApi, wait_for
+from .operator_proc import OperatorLauncher, OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.local_only, pytest.mark.faults]
+
+SECOND_SA = "himitsu-operator-b"
+THIRD_SA = "himitsu-operator-c"
+LEASE = ("12s", "8s", "1s")  # duration, renew deadline, retry period
+LEASE_DURATION, RETRY_PERIOD = 12.0, 1.0
+JITTER_FACTOR = 1.2  # client-go's, for the acquire loop
+SLACK = 5.0
+TAKEOVER_AFTER_KILL = LEASE_DURATION + RETRY_PERIOD * (1 + JITTER_FACTOR) + SLACK
+HANDOVER_AFTER_TERM = 6.0  # half the lease duration: only a released Lease allows it
+LOAD = 6
+SHORT_LEASE = ("4s", "3s", "1s")
+# Longer than it takes the standby to lead and write (lease duration + a poll), shorter
+# than the Himitsu client's 15 s read timeout.
+HELD_ANSWER = 12.0
+LEASE_API = f"/apis/coordination.k8s.io/v1/namespaces/{cluster_setup.OPERATOR_NAMESPACE}/leases"
+
+
+@pytest.fixture(scope="module")
+def third_kubeconfig(kube: KubeApi, operator_kubeconfig: str, session_dir: Path) -> str:
+    """An identity of this module's own, whose leader-election binding a test may revoke."""
+    cluster_setup.add_service_account(kube, THIRD_SA)
+    return str(cluster_setup.service_account_kubeconfig(
+        kube, THIRD_SA, session_dir / "faults-operator-c.kubeconfig"))
+
+
+@pytest.fixture(scope="module")
+def second_kubeconfig(kube: KubeApi, operator_kubeconfig: str, session_dir: Path) -> str:
+    cluster_setup.add_service_account(kube, SECOND_SA)
+    return str(cluster_setup.service_account_kubeconfig(
+        kube, SECOND_SA, session_dir / "faults-operator-b.kubeconfig"))
+
+
+@dataclass
+class Replicas:
+    """Starts replicas on one fresh Lease, as one ServiceAccount or the other."""
+
+    launcher: OperatorLauncher
+    kubeconfigs: dict[str, str]
+    lease: str = field(default_factory=lambda: f"faults-{secrets.token_hex(4)}")
+
+    def start(self, service_account: str, name: str,
+              timings: tuple[str, str, str] = LEASE) -> OperatorProcess:
+        flags = ("--leader-elect",
+                 "--leader-election-namespace", cluster_setup.OPERATOR_NAMESPACE,
+                 "--leader-election-id", self.lease,
+                 "--leader-election-lease-duration", timings[0],
+                 "--leader-election-renew-deadline", timings[1],
+                 "--leader-election-retry-period", timings[2])
+        return self.launcher.start(*flags, name=name,
+                                   kubeconfig=self.kubeconfigs[service_account])
+
+
+@pytest.fixture
+def replicas(operator: OperatorLauncher, operator_kubeconfig: str,
+             second_kubeconfig: str, third_kubeconfig: str) -> Replicas:
+    return Replicas(operator, {cluster_setup.OPERATOR_SA: operator_kubeconfig,
+                               SECOND_SA: second_kubeconfig, THIRD_SA: third_kubeconfig})
+
+
+def _identity(op: OperatorProcess) -> str:
+    found = log_events(op, "became leader")
+    assert found, f"{op.name} never logged 'became leader'"
+    return str(found[-1]["identity"])
+
+
+def _holder(kube: KubeApi, lease: str) -> str:
+    return str(kube.get(f"{LEASE_API}/{lease}")["spec"].get("holderIdentity") or "")
+
+
+def _change_upstream(h: Harness, sync: Sync) -> None:
+    changed = h.canary.values("API_KEY")
+    h.standin.set_secrets(sync.env, changed)
+    h.wait_data(sync.namespace, sync.target, changed, timeout=20)
+
+
+def _eras(writes: list[AuditEntry]) -> list[list[AuditEntry]]:
+    """Consecutive runs of writes by one user, in order of receipt."""
+    eras: list[list[AuditEntry]] = []
+    for entry in writes:
+        if eras and eras[-1][0].user == entry.user:
+            eras[-1].append(entry)
+        else:
+            eras.append([entry])
+    return eras
+
+
+def test_killed_and_stopped_leaders_hand_over_without_two_writers(
+        h: Harness, ns: str, kube: KubeApi, cluster: Cluster, replicas: Replicas) -> None:
+    assert cluster.audit_log_path is not None
+    audit = AuditLog(cluster.audit_log_path)
+    lease = replicas.lease
+    started = [(replicas.start(sa, f"replica-{sa}"), sa)
+               for sa in (cluster_setup.OPERATOR_SA, SECOND_SA)]
+    (leader, leader_sa), (standby, standby_sa) = wait_for(
+        lambda: next(((one, other) for one, other in (started, started[::-1])
+                      if leading(one[0], lease)), None),
+        timeout=30, what="a leader")
+    syncs = [h.sync(ns, "API_KEY", name=f"app{i}", target=f"app{i}-secrets", refresh="1s",
+                    auth_name=f"token{i}", wait=False) for i in range(LOAD)]
+    for sync in syncs:
+        h.wait_data(ns, sync.target, sync.values)
+
+    leader.stop(signal.SIGKILL)
+    wait_for(lambda: leading(standby, lease), timeout=TAKEOVER_AFTER_KILL,
+             what="the standby to take over from the killed leader")
+    assert _holder(kube, lease) == _identity(standby)
+    _change_upstream(h, syncs[0])
+
+    restarted = replicas.start(leader_sa, "replica-restarted")
+    wait_for(lambda: log_events(restarted, "lease holder observed"), timeout=30,
+             what="the restarted replica to see the current holder")
+    assert not leading(restarted, lease)
+
+    assert standby.stop(signal.SIGTERM) == 0
+    wait_for(lambda: leading(restarted, lease), timeout=HANDOVER_AFTER_TERM,
+             what="the restarted replica to take the released Lease")
+    _change_upstream(h, syncs[1])
+    # A few more rounds of polls by the last leader, then read the timeline.
+    settled = time.time()
+    wait_for(lambda: any(e.received > settled + 2 for e in audit.writes(ns)), timeout=20,
+             what="the last leader's writes")
+
+    writes = audit.writes(ns, user_prefix=operator_user(""))
+    eras = _eras(writes)
+    users = [era[0].user for era in eras]
+    first, second = operator_user(leader_sa), operator_user(standby_sa)
+    assert users == [first, second, first], (
+        f"writers interleave or a leader did not write: {users}")
+    for before, after in itertools.pairwise(eras):
+        last = max(e.completed for e in before)
+        assert last <= after[0].received, (
+            f"{before[-1].user} was still writing ({last}) when {after[0].user} began "
+            f"({after[0].received})")
+
+
+def test_a_leader_that_cannot_renew_stops_writing_before_a_standby_leads(
+        h: Harness, ns: str, kube: KubeApi, cluster: Cluster, replicas: Replicas) -> None:
+    """The leader loses its Lease while a reconcile of it waits on a slow Himitsu answer.
+
+    Its renewals are refused (its leader-election RoleBinding is revoked; everything else
+    it may still do), so it gives up after the renew deadline, and a standby may lead one
+    lease duration after its last renewal. The reconcile in flight must not complete its
+    writes after that: a replica that lost its Lease exits without draining.
+    """
+    assert cluster.audit_log_path is not None
+    audit = AuditLog(cluster.audit_log_path)
+    lease = replicas.lease
+    leader = replicas.start(THIRD_SA, "doomed", timings=SHORT_LEASE)
+    wait_for(lambda: leading(leader, lease), timeout=30, what="the doomed replica to lead")
+    standby = replicas.start(SECOND_SA, "standby", timings=SHORT_LEASE)
+    busy = h.sync(ns, "API_KEY", name="busy", target="busy-secrets", refresh="1s",
+                  auth_name="busy-token")
+    held = h.sync(ns, "API_KEY", name="held", target="held-secrets", refresh="2s",
+                  auth_name="held-token")
+    mark = h.standin.mark(held.env)
+    h.standin.fault("delay", env=held.env, seconds=HELD_ANSWER, count=1)
+    wait_for(lambda: h.standin.requests_after(held.env, mark), timeout=30,
+             what="the leader to ask Himitsu for the held HimitsuSecret")
+
+    kube.delete(f"/apis/rbac.authorization.k8s.io/v1/namespaces/"
+                f"{cluster_setup.OPERATOR_NAMESPACE}/rolebindings/{THIRD_SA}-leader-election")
+    wait_for(lambda: leading(standby, lease), timeout=30,
+             what="the standby to take over from the leader that cannot renew")
+    exit_code = leader.proc.wait(timeout=60)
+    assert exit_code != 0
+    h.wait_ready(ns, busy.name)
+    # Past the moment the held answer came: whatever the old leader would still write.
+    wait_for(lambda: h.standin.count(held.env, after=mark) >= 2, timeout=30,
+             what="the new leader to poll the held HimitsuSecret")
+
+    writes = audit.writes(ns, user_prefix=operator_user(""))
+    users = [era[0].user for era in _eras(writes)]
+    assert users == [operator_user(THIRD_SA), operator_user(SECOND_SA)], (
+        f"the replica that lost its Lease wrote after the new leader began: {users}")
