@@ -371,6 +371,31 @@ def test_explicit_kubeconfig_wins_and_pool_size_is_applied(
     assert k8s.Configuration._default is default_before  # global state untouched
 
 
+def test_a_kubeconfig_refresh_hook_runs_at_most_every_few_seconds(
+        no_ambient_config: Path, tmp_path: Path) -> None:
+    configuration = load_api_client(write_kubeconfig(tmp_path / "k", "http://127.0.0.3:1"),
+                                    ).configuration
+    assert isinstance(configuration.refresh_api_key_hook, kubeconfig.ThrottledRefresh)
+    assert configuration.auth_settings()["BearerToken"]["value"] == "Bearer kubeconfig-token"
+
+    # Like the client's loader, the hook re-installs a fresh hook of its own on each run.
+    runs: list[float] = []
+    now = [100.0]
+
+    def loader_hook(config: Any) -> None:
+        runs.append(now[0])
+        config.refresh_api_key_hook = loader_hook
+
+    config: Any = k8s.Configuration()
+    config.refresh_api_key_hook = loader_hook
+    kubeconfig.ThrottledRefresh.install(config, every=5.0, clock=lambda: now[0])
+    for t in (100.0, 101.0, 104.9, 105.0, 105.1, 200.0):
+        now[0] = t
+        config.refresh_api_key_hook(config)
+        assert isinstance(config.refresh_api_key_hook, kubeconfig.ThrottledRefresh)
+    assert runs == [100.0, 105.0, 200.0]
+
+
 def test_kubeconfig_env_var_then_default_file(no_ambient_config: Path, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     kube_dir = no_ambient_config / ".kube"

@@ -9,6 +9,10 @@ file, and checks the sources in a different order from kubectl and controller-ru
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import urllib3
 from kubernetes import client as k8s
@@ -17,12 +21,14 @@ from kubernetes.config.kube_config import load_kube_config
 
 from .apierrors import describe_exception
 
-__all__ = ["ConfigError", "load_api_client", "new_api_client"]
+__all__ = ["ConfigError", "ThrottledRefresh", "load_api_client", "new_api_client"]
 
 # Module attributes (not constants inlined in the loader) so tests can point them at
 # temporary files.
 SERVICE_ACCOUNT_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
 SERVICE_ACCOUNT_CA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+# How often a kubeconfig's credentials are re-applied (see ThrottledRefresh).
+KUBECONFIG_REFRESH_SECONDS = 5.0
 
 
 class ConfigError(Exception):
@@ -47,6 +53,7 @@ def load_api_client(kubeconfig: str | None = None, *,
             source = path
             load_kube_config(config_file=path,  # type: ignore[no-untyped-call]
                              client_configuration=configuration, persist_config=False)
+            ThrottledRefresh.install(configuration)
         elif _in_cluster():
             source = "in-cluster service account"
             loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
@@ -57,6 +64,7 @@ def load_api_client(kubeconfig: str | None = None, *,
             source = default_path
             load_kube_config(config_file=default_path,  # type: ignore[no-untyped-call]
                              client_configuration=configuration, persist_config=False)
+            ThrottledRefresh.install(configuration)
         else:
             raise ConfigError("no Kubernetes configuration: pass --kubeconfig, set KUBECONFIG,"
                               " run in a pod, or create ~/.kube/config")
@@ -82,6 +90,48 @@ def new_api_client(configuration: k8s.Configuration, *, pool_maxsize: int = 32,
                                           raise_on_redirect=False, raise_on_status=False)
     configuration.connection_pool_maxsize = pool_maxsize
     return k8s.ApiClient(configuration)
+
+
+class ThrottledRefresh:
+    """Runs a kubeconfig's credential refresh hook at most every few seconds.
+
+    The client's kubeconfig loader installs a hook that runs before *every* request: it
+    re-applies host, TLS files and token to the Configuration (setting ``host`` even
+    re-reads the proxy variables of the environment) and reloads credentials that have
+    an expiry once it passed. Profiles of the operator's steady state put it at about 5%
+    of all CPU. Credentials are still refreshed within ``every`` seconds of expiring.
+    The loader re-installs its own hook on each run, so this one puts itself back in
+    front of whatever hook is there afterwards.
+    """
+
+    def __init__(self, inner: Callable[[Any], None], *, every: float,
+                 clock: Callable[[], float]) -> None:
+        self._inner = inner
+        self._every = every
+        self._clock = clock
+        self._last = float("-inf")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def install(cls, configuration: Any, *, every: float = KUBECONFIG_REFRESH_SECONDS,
+                clock: Callable[[], float] = time.monotonic) -> None:
+        hook = configuration.refresh_api_key_hook
+        if hook is not None and not isinstance(hook, cls):
+            configuration.refresh_api_key_hook = cls(hook, every=every, clock=clock)
+
+    def __call__(self, configuration: Any) -> None:
+        now = self._clock()
+        with self._lock:
+            if now - self._last < self._every:
+                return
+            self._last = now
+            inner = self._inner
+        inner(configuration)
+        replaced = configuration.refresh_api_key_hook
+        if replaced is not self and replaced is not None:
+            with self._lock:
+                self._inner = replaced
+            configuration.refresh_api_key_hook = self
 
 
 def _in_cluster() -> bool:
