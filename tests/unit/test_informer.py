@@ -57,20 +57,6 @@ class Running:
 
 
 @pytest.fixture
-def server() -> Iterator[FakeApiServer]:
-    fake = FakeApiServer().start()
-    yield fake
-    fake.stop()
-
-
-@pytest.fixture
-def api_client(server: FakeApiServer) -> Iterator[k8s.ApiClient]:
-    client = server.api_client()
-    yield client
-    FakeApiServer.close_client(client)
-
-
-@pytest.fixture
 def start(api_client: k8s.ApiClient) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 

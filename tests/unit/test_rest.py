@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +40,6 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
-
-
-@pytest.fixture
-def server() -> Iterator[FakeApiServer]:
-    fake = FakeApiServer().start()
-    yield fake
-    fake.stop()
-
-
-@pytest.fixture
-def api_client(server: FakeApiServer) -> Iterator[k8s.ApiClient]:
-    client = server.api_client()
-    yield client
-    FakeApiServer.close_client(client)
 
 
 @pytest.fixture

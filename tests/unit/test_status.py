@@ -7,11 +7,11 @@ what the last sync recorded, and a stale informer copy never hides our own last 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from fakes import FakeKube
+from reconcile_world import Clock
 
 from himitsu_controller import api
 from himitsu_controller.reconciler import KubeError
@@ -19,18 +19,8 @@ from himitsu_controller.runtime.metrics import REGISTRY
 from himitsu_controller.status import MAX_MESSAGE, StatusWriter
 
 KEY = "apps/app-config"
-T0 = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture
