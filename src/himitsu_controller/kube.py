@@ -52,6 +52,7 @@ class KubeClient:
         self._clock = clock
         self._instance = instance or socket.gethostname()
         self._tokens: dict[tuple[str, str, str], tuple[float, bytes]] = {}
+        self._readers: dict[tuple[str, str, str], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
@@ -81,11 +82,30 @@ class KubeClient:
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
         ident = (namespace, name, key)
-        now = self._clock()
+        cached = self._cached_value(ident)
+        if cached is not None:
+            return cached
+        # One reader per token Secret at a time: the readers of one token come due
+        # together (they share a Himitsu poll), and each worker that missed the cache at
+        # that moment used to send its own GET (16 for one Secret after a restart).
+        with self._reader(ident):
+            cached = self._cached_value(ident)
+            if cached is not None:
+                return cached
+            return self._read_value(namespace, name, key)
+
+    def _cached_value(self, ident: tuple[str, str, str]) -> bytes | None:
         with self._lock:
             hit = self._tokens.get(ident)
-        if hit is not None and now - hit[0] < self._token_ttl:
-            return hit[1]
+        now = self._clock()
+        return hit[1] if hit is not None and now - hit[0] < self._token_ttl else None
+
+    def _reader(self, ident: tuple[str, str, str]) -> threading.Lock:
+        with self._lock:
+            return self._readers.setdefault(ident, threading.Lock())
+
+    def _read_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        now = self._clock()
         secret = self.get_secret(namespace, name, fresh=True)
         if secret is None:
             raise SecretNotFound(name)
@@ -97,7 +117,7 @@ class KubeClient:
         except (binascii.Error, ValueError):
             return b""
         with self._lock:
-            self._tokens[ident] = (now, value)
+            self._tokens[(namespace, name, key)] = (now, value)
         return value
 
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:

@@ -9,6 +9,8 @@ turn into the reconciler's types with messages that are safe to show.
 from __future__ import annotations
 
 import base64
+import itertools
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +171,33 @@ def test_forget_makes_the_next_read_fresh(h: Harness) -> None:
     h.client.forget_secret_value("apps", "himitsu-token", "token")
     assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"new"
     assert len(h.rest.sent) == 2
+
+
+def test_concurrent_readers_of_one_token_send_one_get() -> None:
+    rest = RecordingRest()
+    rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
+    readers = 4
+    # No reader gets past its first cache check (a lookup, then the clock) before all
+    # have missed: without one reader per token, each of them would send a GET.
+    everyone_missed = threading.Barrier(readers)
+    ticks = itertools.count()
+
+    def clock() -> float:
+        if next(ticks) < readers:
+            everyone_missed.wait(timeout=10)
+        return 1000.0
+
+    client = KubeClient(rest, himitsu_secrets=DictStore(),  # type: ignore[arg-type]
+                        secrets=DictStore(), clock=clock, instance="pod-1")
+    results: list[bytes | None] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        client.read_secret_value("apps", "himitsu-token", "token"))) for _ in range(readers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert results == [TOKEN.encode()] * readers
+    assert len(rest.sent) == 1
 
 
 def test_token_cache_is_per_key(h: Harness) -> None:
