@@ -226,9 +226,7 @@ class HimitsuSecretReconciler:
             return None
         status = ctx.status
         last = api.parse_time(status.last_sync_time)
-        if (status.ready is None or status.ready.status != "True" or last is None
-                or status.observed_generation != ctx.generation
-                or api.force_sync_value(ctx.obj) != status.last_force_sync):
+        if last is None or not _in_step(ctx):
             return None
         remaining = last.timestamp() + spec.refresh_interval - self._now().timestamp()
         if remaining <= 0:
@@ -252,14 +250,11 @@ class HimitsuSecretReconciler:
         """
         if spec.refresh_interval > 0 or mem.target_rv is None or mem.failures:
             return False
-        status = ctx.status
-        if (status.ready is None or status.ready.status != "True"
-                or status.observed_generation != ctx.generation
-                or api.force_sync_value(ctx.obj) != status.last_force_sync):
+        if not _in_step(ctx):
             return False
         target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
         return _rv(target) == mem.target_rv and targets.is_consistent(
-            target, owner=ctx.owner, spec=spec, version=status.config_version,
+            target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
         )
 
     def _read_target(
@@ -486,6 +481,14 @@ def _under_prefix(url: str, prefix: str) -> bool:
     """Prefix match on URL boundaries: ``https://a.example`` must not allow ``https://a.example.evil``."""
     base = prefix.rstrip("/")
     return url == base or url.startswith(base + "/")
+
+
+def _in_step(ctx: _Context) -> bool:
+    """Ready, written for this generation, and no force-sync pending: nothing asks for a poll."""
+    status = ctx.status
+    return (status.ready is not None and status.ready.status == "True"
+            and status.observed_generation == ctx.generation
+            and api.force_sync_value(ctx.obj) == status.last_force_sync)
 
 
 def _rv(obj: Mapping[str, Any] | None) -> str | None:
