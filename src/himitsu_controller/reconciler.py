@@ -30,6 +30,7 @@ log = structlog.get_logger(__name__)
 MAX_FAILURE_BACKOFF = 300.0
 CONFLICT_REQUEUE = 0.5
 JITTER = 0.1
+DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
 
 
 class KubeError(Exception):
@@ -52,7 +53,7 @@ class SecretNotFound(Exception):
 class Kube(Protocol):
     def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def get_secret(
-        self, namespace: str, name: str, *, fresh: bool = False,
+        self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
     ) -> dict[str, Any] | None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None: ...
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None: ...
@@ -104,6 +105,12 @@ class _Memory:
     target_rv: str | None = None
     failures: int = 0
     due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
+    read_live: bool = False  # a create found the target's name taken: read it directly
+    cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
+
+    def expect(self, rv: str | None) -> None:
+        """The target now holds ``rv``; the informer may not have seen it yet."""
+        self.target_rv, self.cache_has_write = rv, False
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,9 @@ class HimitsuSecretReconciler:
         deferred = self._defer_after_restart(ctx, spec, mem)
         if deferred is not None:
             return deferred
-        if self._synced_once(ctx, spec, mem):
-            return Result()
+        idle = self._woken_idle(ctx, spec, mem)
+        if idle is not None:
+            return idle
         token = self._token(ctx.owner.namespace, spec)
         target = self._read_target(ctx, spec, mem)
         try:
@@ -177,6 +185,7 @@ class HimitsuSecretReconciler:
             raise _Failure("TargetConflict", str(exc)) from None
         known = self._known_version(ctx, spec, target)
         result = self._fetch(ctx, spec, token, known, late=self._lateness(mem))
+        answered = self._now().timestamp() - result.age
         if isinstance(result, himitsu.NotModified):
             data_changed = False
             count = ctx.status.secret_count
@@ -196,9 +205,10 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.failures = 0
-        delay = self._next_poll(spec.refresh_interval, age=result.age, jitter=result.jitter)
-        mem.due = None if delay is None else self._now().timestamp() + delay
-        return Result(requeue_after=delay)
+        mem.due = self._next_due(spec.refresh_interval, answered=answered, jitter=result.jitter)
+        if mem.due is None:
+            return Result()
+        return Result(requeue_after=max(0.0, mem.due - self._now().timestamp()))
 
     def _known_version(
         self, ctx: _Context, spec: api.Spec, target: dict[str, Any] | None,
@@ -236,31 +246,49 @@ class HimitsuSecretReconciler:
             target, owner=ctx.owner, spec=spec, version=status.config_version,
         ):
             return None
-        mem.target_rv = _rv(target)
+        mem.expect(_rv(target))
         mem.due = self._now().timestamp() + remaining
         return Result(requeue_after=remaining)
 
-    def _synced_once(self, ctx: _Context, spec: api.Spec, mem: _Memory) -> bool:
-        """refreshInterval 0 and the target is still exactly what this process last wrote:
-        nothing to poll. The event that woke us was our own write (or a resync).
+    def _woken_idle(self, ctx: _Context, spec: api.Spec, mem: _Memory) -> Result | None:
+        """Woken before the next poll with everything as this process left it: the echo
+        of our own write (the target's watch event), a resync, a metadata-only edit.
+        Back to sleep until the poll is due, or for refreshInterval 0 for good.
 
-        Without this, the watch event of the first sync's own write would cost one more
-        request: "0 syncs once" would be twice. Drift (another resourceVersion), a spec
-        change, a force-sync, a failure and a restart (no memory yet) still sync.
+        Without this every data change (and every first sync) cost a second reconcile
+        with its own status patch, and "0 syncs once" was twice. Drift (another
+        resourceVersion or no target), a spec change, a force-sync, a failure and a
+        restart (no memory yet) all go on to sync.
         """
-        if spec.refresh_interval > 0 or mem.target_rv is None or mem.failures:
-            return False
-        if not _in_step(ctx):
-            return False
-        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
-        return _rv(target) == mem.target_rv and targets.is_consistent(
+        if mem.target_rv is None or mem.failures or not _in_step(ctx):
+            return None
+        now = self._now().timestamp()
+        if spec.refresh_interval > 0 and (mem.due is None or mem.due - now < DUE_SLACK):
+            return None
+        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
+        self._note_cache(mem, target)
+        if _rv(target) != mem.target_rv or not targets.is_consistent(
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
-        )
+        ):
+            return None
+        if mem.due is None:
+            return Result()
+        return Result(requeue_after=mem.due - now)
 
     def _read_target(
         self, ctx: _Context, spec: api.Spec, mem: _Memory,
     ) -> dict[str, Any] | None:
-        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
+        # An Owner target we may write is labelled as ours, so the informer holds it: a
+        # miss means there is none (deleted, or never created), and the create that
+        # follows saves a GET that would only say 404. Should the name be taken after all
+        # (a foreign Secret, unlabelled), the create says 409 and we read it directly
+        # from then on. A Merge target is someone else's until adopted: read it.
+        owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
+        target = self._kube.get_secret(
+            ctx.owner.namespace, spec.target.name, cached=owner_policy)
+        self._note_cache(mem, target)
+        if target is None and owner_policy and mem.cache_has_write:
+            return None  # the informer saw our write, then its deletion: no need to ask
         if mem.target_rv is not None and _rv(target) != mem.target_rv:
             # The cache disagrees with our last write: it lags, or someone else wrote.
             # One direct read tells which, instead of a needless full fetch and rewrite.
@@ -268,8 +296,13 @@ class HimitsuSecretReconciler:
             # Whichever it was, the fresh copy is now the one to expect: without this, a
             # write by someone else (a foreign key added to a Merge target) would cost a
             # direct read on every poll from then on.
-            mem.target_rv = _rv(target)
+            mem.expect(_rv(target))
         return target
+
+    @staticmethod
+    def _note_cache(mem: _Memory, target: Mapping[str, Any] | None) -> None:
+        if mem.target_rv is not None and _rv(target) == mem.target_rv:
+            mem.cache_has_write = True
 
     def _token(self, namespace: str, spec: api.Spec) -> str:
         name, key = spec.auth_secret_name, spec.auth_secret_key
@@ -374,18 +407,20 @@ class HimitsuSecretReconciler:
                 written = self._kube.create_secret(ns, desired)
                 metrics.count_write("create")
             elif targets.same_content(target, desired):
-                mem.target_rv = _rv(target)
+                mem.expect(_rv(target))
                 return False
             else:
                 data_changed = (target.get("data") or {}) != desired["data"]
                 written = self._kube.update_secret(ns, desired)
                 metrics.count_write("update")
         except Conflict:
-            mem.target_rv = None
+            mem.expect(None)
+            mem.read_live = mem.read_live or target is None
             raise _Requeue() from None
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
-        mem.target_rv = _rv(written)
+        mem.expect(_rv(written))
+        mem.read_live = False
         return data_changed
 
     # -- failures and timing ----------------------------------------------------------
@@ -411,21 +446,22 @@ class HimitsuSecretReconciler:
         cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF
         return float(min(2.0 ** min(failures - 1, 30), max(cap, 1.0)))
 
-    def _next_poll(
-        self, interval: float, *, age: float = 0.0, jitter: float | None = None,
+    def _next_due(
+        self, interval: float, *, answered: float, jitter: float | None = None,
     ) -> float | None:
-        """Up to 10% early, never late; aligned on the request that produced the answer, so
-        HimitsuSecrets sharing a poll keep arriving together and keep sharing it.
+        """When the next poll is due (epoch seconds): up to 10% early, never late, counted
+        from the moment Himitsu answered, not from the end of this reconcile.
 
-        The jitter is the shared answer's own (one draw per request) when the poller gives
-        one: with a draw per HimitsuSecret, readers of one source came back spread over
-        the whole 10% window, the last ones just outside the sharing window of the first
-        one's request, and every round split the group into two or three requests.
+        So HimitsuSecrets sharing one answer come back together and share the next one
+        too, however long their status patches queued behind each other (under load that
+        spread them over seconds, past the sharing window). The jitter is the shared
+        answer's own (one draw per request) when the poller gives one, for the same
+        reason: a draw per HimitsuSecret would spread a group over the whole 10% window.
         """
         if interval <= 0:
             return None
         fraction = self._rng() if jitter is None else jitter
-        return max(0.0, interval - age - fraction * JITTER * interval)
+        return answered + interval - fraction * JITTER * interval
 
     def _lateness(self, mem: _Memory) -> float:
         """Seconds this timed poll runs behind its schedule (0 for any other reconcile)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from himitsu_controller import himitsu
+from himitsu_controller.api import LABEL_MANAGED
 from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
 
 Key = tuple[str, str]
@@ -144,13 +145,19 @@ class FakeKube:
         return copy.deepcopy(obj)
 
     def get_secret(
-        self, namespace: str, name: str, *, fresh: bool = False,
+        self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
     ) -> dict[str, Any] | None:
-        self._maybe_fail("get_secret_fresh" if fresh else "get_secret")
+        """Like the real one: the informer only sees Secrets labelled as ours."""
+        self._maybe_fail("get_secret_fresh" if fresh else
+                         "get_secret_cached" if cached else "get_secret")
         key = (namespace, name)
         if not fresh and key in self._frozen_secrets:
             return copy.deepcopy(self._frozen_secrets[key])
-        return copy.deepcopy(self.secrets.get(key))
+        found = self.secrets.get(key)
+        if cached and found is not None and (
+                (found.get("metadata") or {}).get("labels") or {}).get(LABEL_MANAGED) != "true":
+            return None
+        return copy.deepcopy(found)
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
         self._maybe_fail("read_secret_value")

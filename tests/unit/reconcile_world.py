@@ -91,6 +91,11 @@ class World:
         assert not self.fetcher.script, "the scripted fetch was not made"
         return result
 
+    def poll(self, *script: himitsu.FetchResult | Exception) -> Result:
+        """The next timed poll: a minute on (the default refreshInterval), then reconcile."""
+        self.clock.advance(60)
+        return self.reconcile(*script)
+
     def sync(self, version: int = 5, secrets: dict[str, str] | None = None) -> Result:
         result = self.reconcile(fetched(version, secrets))
         assert result.error is None, self.ready()

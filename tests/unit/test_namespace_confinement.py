@@ -58,9 +58,9 @@ class RecordingKube(FakeKube):
         return super().get_himitsu_secret(namespace, name)
 
     def get_secret(self, namespace: str, name: str, *, fresh: bool = False,
-                   ) -> dict[str, Any] | None:
+                   cached: bool = False) -> dict[str, Any] | None:
         self._note("get_secret", namespace)
-        return super().get_secret(namespace, name, fresh=fresh)
+        return super().get_secret(namespace, name, fresh=fresh, cached=cached)
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
         self._note("read_secret_value", namespace)

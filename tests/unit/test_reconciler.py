@@ -51,7 +51,7 @@ def test_first_sync_is_a_full_fetch_then_conditional(world: World) -> None:
     assert world.fetcher.calls[0].token == TOKEN
     assert (world.fetcher.calls[0].api_url, world.fetcher.calls[0].environment_id) == (API, ENV)
     assert world.data() == values()
-    world.reconcile(himitsu.NotModified(5))
+    world.poll(himitsu.NotModified(5))
     assert world.fetcher.known_versions == [None, 5]
 
 
@@ -85,6 +85,42 @@ def test_deleted_target_forces_a_full_fetch_and_is_restored(world: World) -> Non
     world.sync(5)
     assert world.fetcher.known_versions == [None, None]
     assert world.data() == values()
+
+
+def test_a_deleted_owner_target_is_recreated_without_reading_it_first(world: World) -> None:
+    # The informer holds every Owner target we may write (they carry our label): once it
+    # has shown our write (its watch event woke us), a miss is a deleted Secret, and a
+    # GET would only say 404.
+    world.sync(5)
+    world.reconcile()  # the echo of our create: nothing to do
+    del world.kube.secrets[(NS, TARGET)]
+    world.kube.calls.clear()
+    world.sync(5)
+    assert world.kube.calls["get_secret"] == world.kube.calls["get_secret_fresh"] == 0
+    assert world.kube.calls["create_secret"] == 1
+    assert world.data() == values()
+
+
+def test_a_target_the_informer_has_not_shown_yet_is_read_directly(world: World) -> None:
+    # Missing from the informer right after our create may only be its lag.
+    world.sync(5)
+    world.kube.freeze_cache(NS, TARGET)
+    world.clock.advance(60)
+    world.sync(6, values(3))
+    del world.kube.secrets[(NS, TARGET)]
+    world.kube.thaw()
+    world.kube.calls.clear()
+    world.sync(6, values(3))
+    assert world.kube.calls["get_secret_fresh"] == 1
+    assert world.data() == values(3)
+
+
+def test_a_merge_target_is_read_directly_until_adopted() -> None:
+    world = merge_world()  # Helm's Secret: not labelled, so not in the informer
+    world.kube.calls.clear()
+    world.sync(5)
+    assert world.kube.calls["get_secret"] == 1
+    assert world.kube.calls["create_secret"] == 0 and world.kube.calls["update_secret"] == 1
 
 
 def test_config_version_annotation_edit_forces_a_full_fetch(world: World) -> None:
@@ -139,7 +175,7 @@ def test_spec_generation_change_forces_a_full_fetch(world: World) -> None:
     world.sync(5)
     assert world.fetcher.known_versions == [None, None]
     assert world.status()["observedGeneration"] == 2
-    world.reconcile(himitsu.NotModified(5))
+    world.poll(himitsu.NotModified(5))
     assert world.fetcher.known_versions == [None, None, 5]
 
 
@@ -147,7 +183,7 @@ def test_new_force_sync_value_forces_one_full_fetch(world: World) -> None:
     world.sync(5)
     world.annotate(api.ANN_FORCE_SYNC, "2024-05-06T00:00:00Z")
     world.sync(5)
-    world.reconcile(himitsu.NotModified(5))
+    world.poll(himitsu.NotModified(5))
     world.annotate(api.ANN_FORCE_SYNC, "again")
     world.sync(5)
     assert world.fetcher.known_versions == [None, None, 5, None]
@@ -188,7 +224,7 @@ def test_owner_target_exact_data_reference_and_metadata() -> None:
 
 def test_owner_drops_keys_removed_upstream(world: World) -> None:
     world.sync(5, values(3))
-    world.reconcile(fetched(6, {"KEY_0": "new"}))
+    world.poll(fetched(6, {"KEY_0": "new"}))
     assert world.data() == {"KEY_0": "new"}
     assert world.status()["secretCount"] == 1
 
@@ -197,10 +233,15 @@ def test_owner_never_adopts_a_pre_existing_secret(world: World) -> None:
     world.kube.put_secret({"metadata": {"namespace": NS, "name": TARGET},
                            "data": {"THEIRS": b64("keep")}})
     before = world.target()
+    # Owner targets are looked up in the informer (labelled Secrets only) and created on
+    # a miss: the create finds the name taken, and the retry reads it directly.
+    first = world.reconcile(fetched(5))
+    assert first.error is None and first.requeue_after is not None
+    assert world.target() == before
     result = world.reconcile()
     assert result.error == "TargetConflict"
     assert world.target() == before
-    assert world.fetcher.calls == []
+    assert world.kube.calls["create_secret"] == 1 and world.kube.calls["update_secret"] == 0
     assert "creationPolicy: Merge" in world.ready()["message"]
 
 
@@ -229,7 +270,7 @@ def test_merge_keys_in_stale_keys_out_foreign_untouched() -> None:
     assert meta["labels"][api.LABEL_MANAGED] == "true"
     assert meta["annotations"]["meta.helm.sh/release-name"] == "r"
     assert meta["annotations"][api.ANN_MANAGED_KEYS] == "KEY_0,KEY_1,KEY_2"
-    world.reconcile(fetched(6, {"KEY_0": "new"}))
+    world.poll(fetched(6, {"KEY_0": "new"}))
     assert world.data() == {"HELM_KEY": "helm-value", "KEY_0": "new"}
     assert world.target()["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "KEY_0"
 
@@ -388,10 +429,11 @@ def test_stale_caches_after_our_write_cause_no_second_write_or_full_fetch(
     world.sync(5)
     world.kube.freeze_cache(NS, TARGET)  # the informers still hold version 5 ...
     world.kube.freeze_himitsu_secret(NS, NAME)
+    world.clock.advance(60)
     world.sync(6, values(3))  # ... while we write version 6
     assert world.data() == values(3)
     writes = world.kube.writes()
-    result = world.reconcile(himitsu.NotModified(6))
+    result = world.poll(himitsu.NotModified(6))
     assert result.error is None
     assert world.fetcher.known_versions == [None, 5, 6]
     assert world.kube.writes() == writes
@@ -401,7 +443,7 @@ def test_stale_cache_of_a_created_target(world: World) -> None:
     world.kube.freeze_cache(NS, TARGET)  # the informer has not seen our create yet
     world.kube.freeze_himitsu_secret(NS, NAME)
     world.sync(5)
-    world.reconcile(himitsu.NotModified(5))
+    world.poll(himitsu.NotModified(5))
     assert world.fetcher.known_versions == [None, 5]
     assert world.kube.writes() == 1
 
@@ -413,7 +455,7 @@ def test_someone_elses_write_costs_one_direct_read_not_one_per_poll() -> None:
     target["data"]["HELM_KEY"] = b64("helm-v2")
     world.kube.edit_secret(NS, TARGET, data=target["data"])  # the cache sees it too
     for _ in range(3):
-        world.reconcile(himitsu.NotModified(5))
+        world.poll(himitsu.NotModified(5))
     assert world.kube.calls["get_secret_fresh"] == 1
 
 

@@ -232,9 +232,46 @@ def test_requeue_after_refresh_interval_minus_jitter(rng: float, expected: float
 
 def test_a_shared_answer_aligns_the_next_poll_on_its_request(world: World) -> None:
     world.sync(5)
-    result = world.reconcile(himitsu.NotModified(5, age=4.0))
+    result = world.poll(himitsu.NotModified(5, age=4.0))
     assert result.requeue_after == pytest.approx(56.0)
     assert world.fetcher.max_ages[-1] == pytest.approx(6.0)  # 10% of the interval
+
+
+def test_the_next_poll_counts_from_the_answer_not_from_the_end_of_the_reconcile(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Readers of one answer whose status patches queue behind each other (client-side
+    # QPS, a busy apiserver) must still come back together, or the group splits.
+    world.sync(5)
+    patch = world.kube.patch_status
+
+    def slow_patch(namespace: str, name: str, status: dict[str, Any]) -> None:
+        world.clock.advance(5.0)
+        patch(namespace, name, status)
+
+    monkeypatch.setattr(world.kube, "patch_status", slow_patch)
+    result = world.poll(himitsu.NotModified(5, age=1.0))
+    assert result.requeue_after == pytest.approx(60.0 - 1.0 - 5.0)
+
+
+def test_a_wake_before_the_poll_with_nothing_changed_costs_nothing(world: World) -> None:
+    # The echo of our own write (the target's watch event), a resync, a label edit.
+    world.sync(5)
+    patches, calls = len(world.kube.status_patches), dict(world.kube.calls)
+    world.clock.advance(20)
+    world.annotate("example.com/unrelated", "x")
+    result = world.reconcile()  # no fetch scripted: none may be made
+    assert result.error is None and result.requeue_after == pytest.approx(40.0)
+    assert len(world.kube.status_patches) == patches
+    assert world.kube.calls["get_secret"] == calls.get("get_secret", 0)  # no direct read
+    assert world.kube.writes() == 1
+
+
+def test_a_wake_before_the_poll_after_a_failure_retries(world: World) -> None:
+    world.sync(5)
+    world.poll(himitsu.ServerError("the Himitsu API answered 503", status=503))
+    result = world.reconcile(himitsu.NotModified(5))
+    assert result.error is None and world.ready()["reason"] == "Synced"
 
 
 def test_readers_of_a_shared_answer_use_its_jitter_not_their_own() -> None:
@@ -242,7 +279,7 @@ def test_readers_of_a_shared_answer_use_its_jitter_not_their_own() -> None:
     # edge every round; the answer's one draw brings them all back together.
     world = World(rng=0.9)
     world.sync(5)
-    result = world.reconcile(himitsu.NotModified(5, age=4.0, jitter=0.5))
+    result = world.poll(himitsu.NotModified(5, age=4.0, jitter=0.5))
     assert result.requeue_after == pytest.approx(60.0 - 4.0 - 3.0)
 
 
@@ -271,7 +308,7 @@ def test_force_sync_never_takes_a_shared_answer(world: World) -> None:
 
 def test_local_pacing_requeues_quietly(world: World) -> None:
     world.sync(5)
-    result = world.reconcile(LocallyRateLimited("paced", retry_after=3.0))
+    result = world.poll(LocallyRateLimited("paced", retry_after=3.0))
     assert result.error is None and result.requeue_after == pytest.approx(3.0)
     assert world.ready()["reason"] == "Synced"
 
@@ -316,7 +353,7 @@ def test_success_resets_the_backoff(world: World) -> None:
     for _ in range(3):
         world.reconcile(himitsu.TransportError("reset"))
     world.sync(5)
-    assert world.reconcile(himitsu.TransportError("reset")).requeue_after == 1.0
+    assert world.poll(himitsu.TransportError("reset")).requeue_after == 1.0
 
 
 def test_invalid_spec_before_parse_backs_off_too(world: World) -> None:
@@ -330,9 +367,9 @@ def test_invalid_spec_before_parse_backs_off_too(world: World) -> None:
 def test_events_on_changes_and_transitions_not_per_poll(world: World) -> None:
     world.sync(5)
     for _ in range(3):
-        world.reconcile(himitsu.NotModified(5))
+        world.poll(himitsu.NotModified(5))
     for _ in range(3):
-        world.reconcile(himitsu.ServerError("the Himitsu API answered 503", status=503))
+        world.poll(himitsu.ServerError("the Himitsu API answered 503", status=503))
     world.annotate(api.ANN_FORCE_SYNC, "x")
     world.sync(6, values(1))
     assert [(e.type, e.reason) for e in world.kube.events] == [
