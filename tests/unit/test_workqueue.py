@@ -1,5 +1,6 @@
 """The work queue keeps client-go's promises: stingy, fair, never concurrent per key,
-delays with "earliest wins", rate limiting math, and shutdown/drain."""
+delays with "earliest wins", rate limiting math, and shutdown/drain; and its two lanes
+let added (event-driven) keys go ahead of keys released by timers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from himitsu_controller.runtime import metrics
 from himitsu_controller.runtime.workqueue import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
@@ -158,12 +160,12 @@ def test_delayed_key_already_queued_is_not_duplicated() -> None:
     assert drain_ready(queue) == ["a"]
 
 
-def test_key_that_became_ready_earlier_goes_first() -> None:
+def test_timed_key_that_became_ready_earlier_goes_first() -> None:
     clock = FakeClock()
     queue = new_queue(clock)
     queue.add_after("late", 1)
     clock.advance(2)
-    queue.add("now")
+    queue.add_after("now", 0)  # same (low) lane: FIFO by the time each became ready
     assert drain_ready(queue) == ["late", "now"]
 
 
@@ -182,6 +184,142 @@ def test_earlier_add_after_rewakes_a_sleeping_get() -> None:
     queue.add_after("near", 0.01)
     waiter.join(10)
     assert got == [("near", False)]
+
+
+# -- lanes: add() goes ahead of timed keys ---------------------------------------------
+
+
+def adds_total(name: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "workqueue_adds_total", {"name": name, "controller": name}
+    )
+    assert value is not None
+    return value
+
+
+def test_added_keys_go_ahead_of_timed_keys() -> None:
+    clock = FakeClock()
+    queue = new_queue(clock)
+    queue.add_after("poll-1", 1)
+    queue.add_after("poll-2", 2)
+    queue.add_after("retry", 0)  # ready at once, still the low lane
+    clock.advance(5)
+    queue.add("event-1")
+    queue.add("event-2")
+    assert drain_ready(queue) == ["event-1", "event-2", "retry", "poll-1", "poll-2"]
+
+
+def test_rate_limited_keys_use_the_low_lane() -> None:
+    clock = FakeClock()
+    queue = RateLimitingQueue(
+        "test-wq", rate_limiter=ItemExponentialFailureRateLimiter(1.0, 60.0), clock=clock
+    )
+    queue.add_rate_limited("failing")
+    clock.advance(1)
+    queue.add("event")
+    assert drain_ready(queue) == ["event", "failing"]
+
+
+def test_timed_keys_keep_time_order_behind_added_keys() -> None:
+    clock = FakeClock()
+    queue = new_queue(clock)
+    queue.add_after("c", 3)
+    queue.add_after("a", 1)
+    queue.add_after("b", 2)
+    queue.add("event-1")
+    clock.advance(3)
+    queue.add("event-2")
+    assert drain_ready(queue) == ["event-1", "event-2", "a", "b", "c"]
+
+
+def test_waiting_timed_key_that_is_added_moves_up_once() -> None:
+    clock = FakeClock()
+    queue = RateLimitingQueue("test-wq-promote", clock=clock)
+    for key in ["a", "b", "c"]:
+        queue.add_after(key, 1)
+    clock.advance(1)
+    assert len(queue) == 3  # releases the timed keys (counted as adds)
+    adds_before = adds_total("test-wq-promote")
+    queue.add("b")
+    queue.add("b")
+    assert len(queue) == 3
+    assert adds_total("test-wq-promote") == adds_before  # a move is not a new add
+    assert drain_ready(queue) == ["b", "a", "c"]  # "b" once, the others in order
+    assert drain_ready(queue) == []
+
+
+def test_stale_low_slot_of_a_moved_key_is_never_served() -> None:
+    """A moved key's old low-lane slot must stay dead even after the key is taken and
+    queued into the low lane again: it must come out in its new place, once."""
+    clock = FakeClock()
+    queue = new_queue(clock)
+    queue.add_after("a", 1)
+    queue.add_after("b", 2)
+    clock.advance(1)
+    queue.add("a")  # moves up, leaving a stale slot ahead of where "b" will go
+    assert drain_ready(queue) == ["a"]
+    clock.advance(1)  # "b" is ready now
+    queue.add_after("a", 0)  # "a" queued in the low lane again, behind "b"
+    assert len(queue) == 2
+    assert drain_ready(queue) == ["b", "a"]
+
+
+def test_readd_while_processing_keeps_the_best_lane() -> None:
+    clock = FakeClock()
+    queue = new_queue(clock)
+    for first, second in [("add", "add_after"), ("add_after", "add")]:
+        queue.add_after("busy", 0)
+        assert queue.get(timeout=0) == ("busy", False)
+        queue.add_after("poll", 0)
+        for how in (first, second):
+            if how == "add":
+                queue.add("busy")
+            else:
+                queue.add_after("busy", 0)
+        queue.done("busy")
+        # The event-driven re-add wins whichever came first: "busy" skips the poll.
+        assert drain_ready(queue) == ["busy", "poll"], (first, second)
+
+
+def test_timed_readd_while_processing_stays_in_the_low_lane() -> None:
+    queue = new_queue()
+    queue.add("busy")
+    assert queue.get(timeout=0) == ("busy", False)
+    queue.add_after("busy", 0)
+    queue.add_after("poll", 0)
+    queue.done("busy")
+    queue.add("event")
+    assert drain_ready(queue) == ["event", "poll", "busy"]
+
+
+def test_many_moves_of_starved_timed_keys_keep_memory_bounded() -> None:
+    """Events keep moving timed keys up while the low lane is never reached: the stale
+    slots left behind must be reclaimed, not pile up with every move."""
+    queue = new_queue()
+    keys = [f"ns/key-{i}" for i in range(100)]
+    for _ in range(20):
+        for key in keys:
+            queue.add_after(key, 0)
+        for key in keys:
+            queue.add(key)
+        assert drain_ready(queue) == keys
+    # White-box: the low lane's backing deque (live plus stale slots) stays small.
+    assert len(queue._lanes[1]) <= 2 * len(keys) + 64
+    queue.add_after("last", 0)
+    assert drain_ready(queue) == ["last"]
+
+
+def test_moves_interleaved_with_reclaiming_keep_every_live_key() -> None:
+    queue = new_queue()
+    keys = [f"ns/key-{i:03}" for i in range(300)]
+    for key in keys:
+        queue.add_after(key, 0)
+    moved = keys[::2] + keys[1:200:2]  # 250 moves: enough to reclaim stale slots
+    for key in moved:
+        queue.add(key)
+    left = [key for key in keys if key not in set(moved)]
+    assert len(queue) == len(keys)
+    assert drain_ready(queue) == moved + left
 
 
 # -- rate limiters ----------------------------------------------------------------------

@@ -7,7 +7,19 @@ Why these semantics matter for a controller:
 * Never concurrent per key: a key being processed is not handed to another worker; a
   re-add while it is processing is remembered ("dirty") and queued again on ``done()``,
   so the last change is always seen by a reconcile that starts after it.
-* Fair: keys come out in the order they (became ready and) went in.
+* Fair within a lane: keys come out in the order they (became ready and) went in.
+
+Two lanes, because timed polls must not delay event-driven work. With a thousand objects
+polling every few seconds the queue is never empty of keys released by ``add_after``
+timers, and in a single FIFO a watch event (someone deleted a target Secret) waited behind
+seconds of polls. So ``add()`` (watch events, direct adds) queues into the HIGH lane, and
+everything released by ``add_after``/``add_rate_limited`` (also with a delay <= 0) into the
+LOW lane; ``get()`` empties HIGH first. A key waiting in LOW that is ``add()``-ed moves to
+HIGH; its old LOW slot is left behind as a stale entry (matched against a per-key sequence
+number) and skipped when reached, so the move is O(1) and never hands the key out twice.
+A key re-added while processing remembers the best lane it was asked for. As with
+controller-runtime's priority queue, starvation of the LOW lane is bounded only by the
+event volume: a steady stream of events can delay polls, but polls are never dropped.
 
 Delays are kept in a heap inside the queue and promoted on every queue operation, and a
 blocked ``get()`` sleeps on a condition variable only until the earliest delayed key is
@@ -34,6 +46,13 @@ from typing import Protocol
 from . import metrics
 
 Clock = Callable[[], float]
+
+# Lane indices: a lower number is served first and wins when a key is asked for in both.
+_HIGH = 0
+_LOW = 1
+# Rebuild the LOW lane once its stale entries outnumber the live ones (and this many):
+# keeps memory bounded when events keep moving keys up while polls are starved.
+_COMPACT_MIN_STALE = 64
 
 
 class RateLimiter(Protocol):
@@ -160,8 +179,11 @@ class RateLimitingQueue:
         # a single condition could hand a worker's wake-up to a drainer.
         self._item_ready = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
-        self._queue: deque[str] = deque()
-        self._dirty: set[str] = set()
+        # Each lane holds (seq, key); an entry is live only while _entry[key] == seq.
+        self._lanes: tuple[deque[tuple[int, str]], ...] = (deque(), deque())
+        self._entry: dict[str, int] = {}  # queued key -> seq of its live lane entry
+        self._stale = 0  # entries left behind in the LOW lane by moves to HIGH
+        self._dirty: dict[str, int] = {}  # key to (re)queue -> best lane asked for
         self._processing: dict[str, float] = {}  # key -> processing start (clock)
         self._added_at: dict[str, float] = {}  # key -> first add while dirty (clock)
         self._waiting: list[tuple[float, int, str]] = []  # heap of (ready_at, seq, key)
@@ -180,14 +202,16 @@ class RateLimitingQueue:
     # -- adding -------------------------------------------------------------------
 
     def add(self, item: str) -> None:
-        """Queue ``item`` unless it is already queued (deferred if it is processing)."""
+        """Queue ``item`` in the HIGH lane unless it is already there (deferred if it
+        is processing); a key waiting in the LOW lane moves up."""
         with self._lock:
             now = self._clock()
             self._promote_ready(now)
-            self._add_locked(item, now)
+            self._add_locked(item, now, _HIGH)
 
     def add_after(self, item: str, delay: float) -> None:
-        """Queue ``item`` after ``delay`` seconds; an earlier pending time for it wins."""
+        """Queue ``item`` in the LOW lane after ``delay`` seconds; an earlier pending
+        time for it wins."""
         with self._lock:
             if self._shutting_down:
                 return
@@ -195,7 +219,7 @@ class RateLimitingQueue:
             now = self._clock()
             self._promote_ready(now)
             if delay <= 0:
-                self._add_locked(item, now)
+                self._add_locked(item, now, _LOW)
                 return
             ready_at = now + delay
             existing = self._waiting_entry.get(item)
@@ -234,7 +258,7 @@ class RateLimitingQueue:
                     return None, True
                 now = self._clock()
                 self._promote_ready(now)
-                if self._queue:
+                if self._entry:
                     return self._take_locked(now), False
                 if deadline is not None and time.monotonic() >= deadline:
                     return None, False
@@ -247,9 +271,9 @@ class RateLimitingQueue:
             if started is None:
                 return
             self._work_duration.observe(max(0.0, self._clock() - started))
-            if item in self._dirty:
-                self._queue.append(item)
-                self._item_ready.notify()
+            lane = self._dirty.get(item)
+            if lane is not None:
+                self._enqueue_locked(item, lane)
             if not self._processing:
                 self._idle.notify_all()
 
@@ -278,7 +302,7 @@ class RateLimitingQueue:
         """Keys ready to be handed out (not those processing or still delayed)."""
         with self._lock:
             self._promote_ready(self._clock())
-            return len(self._queue)
+            return len(self._entry)
 
     # -- metrics source -------------------------------------------------------------
 
@@ -293,27 +317,60 @@ class RateLimitingQueue:
 
     # -- internals (lock held) ------------------------------------------------------
 
-    def _add_locked(self, item: str, now: float) -> None:
-        if self._shutting_down or item in self._dirty:
+    def _add_locked(self, item: str, now: float, lane: int) -> None:
+        if self._shutting_down:
+            return
+        current = self._dirty.get(item)
+        if current is not None:
+            if lane < current:  # asked for a better lane: upgrade, never downgrade
+                self._dirty[item] = lane
+                if item in self._entry:  # waiting (not processing): move it up now
+                    self._stale += 1
+                    self._enqueue_locked(item, lane)
+                    self._compact_low_locked()
             return
         self._adds.inc()
-        self._dirty.add(item)
+        self._dirty[item] = lane
         self._added_at.setdefault(item, now)
         self._depth.set(len(self._dirty))
         if item in self._processing:
             return  # done() queues it, so no two workers ever hold the same key
-        self._queue.append(item)
+        self._enqueue_locked(item, lane)
+
+    def _enqueue_locked(self, item: str, lane: int) -> None:
+        seq = next(self._seq)
+        self._entry[item] = seq  # any older entry for item is stale from now on
+        self._lanes[lane].append((seq, item))
         self._item_ready.notify()
 
     def _take_locked(self, now: float) -> str:
-        item = self._queue.popleft()
-        self._dirty.discard(item)
-        self._depth.set(len(self._dirty))
-        self._processing[item] = now
-        added = self._added_at.pop(item, None)
-        if added is not None:
-            self._latency.observe(max(0.0, now - added))
-        return item
+        """Pop the first live entry, HIGH lane first (callers ensure one exists)."""
+        for queue in self._lanes:
+            while queue:
+                seq, item = queue.popleft()
+                if self._entry.get(item) != seq:
+                    self._stale -= 1
+                    continue
+                del self._entry[item]
+                del self._dirty[item]
+                self._depth.set(len(self._dirty))
+                self._processing[item] = now
+                added = self._added_at.pop(item, None)
+                if added is not None:
+                    self._latency.observe(max(0.0, now - added))
+                return item
+        raise AssertionError("no live entry although _entry is not empty")
+
+    def _compact_low_locked(self) -> None:
+        """Drop stale LOW entries once they outnumber live ones: amortised O(1), since
+        each rebuild removes at least as many entries as it keeps."""
+        low = self._lanes[_LOW]
+        if self._stale < _COMPACT_MIN_STALE or 2 * self._stale < len(low):
+            return
+        live = [(seq, item) for seq, item in low if self._entry.get(item) == seq]
+        low.clear()
+        low.extend(live)
+        self._stale = 0
 
     def _promote_ready(self, now: float) -> None:
         while self._waiting and self._waiting[0][0] <= now:
@@ -321,7 +378,7 @@ class RateLimitingQueue:
             if self._waiting_entry.get(item) != (ready_at, seq):
                 continue  # superseded by an earlier add_after for the same key
             del self._waiting_entry[item]
-            self._add_locked(item, now)
+            self._add_locked(item, now, _LOW)
 
     def _next_wait(self, now: float, deadline: float | None) -> float | None:
         """Seconds to sleep: until the caller's deadline or the next delayed key."""
