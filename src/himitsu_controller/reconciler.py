@@ -201,6 +201,7 @@ class HimitsuSecretReconciler:
                 ctx.key, ctx.obj, version=result.version, secret_count=count or 0,
                 generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
                 data_changed=data_changed, target=spec.target.name,
+                answered_at=datetime.fromtimestamp(answered, UTC),
             )
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None

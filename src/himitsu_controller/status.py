@@ -43,12 +43,16 @@ class StatusWriter:
     def synced(
         self, key: str, obj: Mapping[str, Any], *, version: int, secret_count: int,
         generation: int, force_sync: str | None, data_changed: bool, target: str,
+        answered_at: datetime | None = None,
     ) -> None:
+        """``answered_at``: when Himitsu gave the answer now in the target (a shared answer
+        may be seconds old). It is the lastSyncTime, so readers of one answer record the
+        same second and, after a restart, come due together again."""
         previous = self._current(key, obj)
         status = dict(previous)
         status.update({
             "configVersion": version, "secretCount": secret_count,
-            "lastSyncTime": self._timestamp(), "observedGeneration": generation,
+            "lastSyncTime": self._timestamp(answered_at), "observedGeneration": generation,
         })
         status["lastForceSync"] = force_sync
         message = f"Secret {target!r} holds {secret_count} keys at config version {version}"
@@ -119,8 +123,8 @@ class StatusWriter:
         except Exception as exc:  # an Event is best effort; never fail a sync over one
             log.warning("recording event failed", reason=reason, error=type(exc).__name__)
 
-    def _timestamp(self) -> str:
-        return self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    def _timestamp(self, at: datetime | None = None) -> str:
+        return (at or self._now()).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def bounded(message: str) -> str:

@@ -254,6 +254,14 @@ def test_the_next_poll_counts_from_the_answer_not_from_the_end_of_the_reconcile(
     assert result.requeue_after == pytest.approx(60.0 - 1.0 - 5.0)
 
 
+def test_last_sync_time_is_when_himitsu_answered(world: World) -> None:
+    # Readers of one shared answer record the same second, so after a restart they come
+    # due together and share the first request again.
+    world.sync(5)
+    world.poll(himitsu.NotModified(5, age=4.0))
+    assert world.status()["lastSyncTime"] == "2024-05-06T07:09:05Z"  # T0 + 60 s - 4 s
+
+
 def test_a_wake_before_the_poll_with_nothing_changed_costs_nothing(world: World) -> None:
     # The echo of our own write (the target's watch event), a resync, a label edit.
     world.sync(5)
