@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from himitsu_controller import logging as hlogging
 from himitsu_controller.reconciler import HimitsuSecretReconciler
 from himitsu_controller.runtime import handler
 from himitsu_controller.runtime.controller import Controller
+from himitsu_controller.runtime.events import EventRecorder
 from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.kubeconfig import ConfigError, load_api_client
 from himitsu_controller.runtime.leaderelection import (
@@ -38,6 +40,9 @@ CONTROLLER_NAME = "himitsusecret"
 LEASE_NAME = "himitsu-operator.himitsu.io"
 TARGET_INDEX = "target"
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# Events still queued at shutdown get this long to reach the apiserver, no more.
+EVENT_FLUSH_TIMEOUT = 2.0
+EVENT_QPS, EVENT_BURST = 20.0, 50
 
 
 def _duration(text: str) -> float:
@@ -79,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default=None,
                    help="watch only this namespace (a namespaced Role then suffices); "
                         "default: all namespaces")
-    p.add_argument("--workers", type=_positive_int, default=4, help="concurrent reconciles")
+    p.add_argument("--workers", type=_positive_int, default=8, help="concurrent reconciles")
     le = p.add_argument_group("leader election")
     le.add_argument("--leader-elect", action="store_true",
                     help="elect a leader through a Lease; required with more than one replica")
@@ -100,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="address for /healthz and /readyz; '0' disables")
     ops.add_argument("--graceful-shutdown-timeout", type=_duration, default=30.0,
                      metavar="DURATION", help="bound on draining in-flight reconciles (s)")
-    ops.add_argument("--kube-api-qps", type=_positive_float, default=50.0,
+    ops.add_argument("--kube-api-qps", type=_positive_float, default=150.0,
                      help="client-side request rate limit towards kube-apiserver")
-    ops.add_argument("--kube-api-burst", type=_positive_int, default=100,
+    ops.add_argument("--kube-api-burst", type=_positive_int, default=300,
                      help="client-side burst towards kube-apiserver")
     hm = p.add_argument_group("Himitsu API")
     hm.add_argument("--allowed-api-urls", default="",
@@ -147,8 +152,19 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         label_selector=f"{api.LABEL_MANAGED}=true",
     )
     client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request)
+    # Events have their own client and limiter, as in client-go: they are best-effort and
+    # must neither delay a reconcile nor spend the budget its writes need (a cold sync of
+    # 1,000 HimitsuSecrets writes 1,000 Events).
+    recorder = EventRecorder(
+        RestClient(load_api_client(args.kubeconfig, pool_maxsize=2),
+                   qps=EVENT_QPS, burst=EVENT_BURST,
+                   user_agent=f"himitsu-controller/{__version__} events"),
+        component=kube.COMPONENT, reporting_controller=kube.REPORTING_CONTROLLER,
+        instance=socket.gethostname(),
+    )
     reconciler = HimitsuSecretReconciler(
-        kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store),
+        kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store,
+                        events=recorder),
         polls.SharedPoller(client), allowed_api_urls=args.allowed_api_urls.split(","),
     )
     ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=workers)
@@ -170,9 +186,13 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     manager.add_controller(ctrl)
     log.info("starting", version=__version__, namespace=args.namespace or "*",
              leader_elect=args.leader_elect, workers=workers)
+    # Only reconciles (on the leader) produce Events; the recorder runs for the whole
+    # process anyway, and stops once manager.run has stopped the workers that feed it.
+    recorder.start()
     try:
         return manager.run(stop)
     finally:
+        recorder.stop(EVENT_FLUSH_TIMEOUT)
         client.close()
 
 

@@ -24,14 +24,15 @@ from typing import Any, Protocol
 
 from himitsu_controller import api
 from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
+from himitsu_controller.runtime.events import EVENTS, EventSink, build_event
 from himitsu_controller.runtime.rest import ApiError, Resource, RestClient, TransportError
 
 SECRETS = Resource("", "v1", "secrets")
-EVENTS = Resource("", "v1", "events")
 HIMITSU_SECRETS = Resource(api.GROUP, api.VERSION, api.PLURAL)
 
 TOKEN_TTL = 300.0
 COMPONENT = "himitsu-operator"
+REPORTING_CONTROLLER = f"{api.GROUP}/{COMPONENT}"
 _SHOWN_MESSAGE = 300
 
 
@@ -43,9 +44,10 @@ class KubeClient:
     def __init__(
         self, rest: RestClient, *, himitsu_secrets: Store, secrets: Store,
         token_ttl: float = TOKEN_TTL, clock: Callable[[], float] = time.monotonic,
-        instance: str | None = None,
+        instance: str | None = None, events: EventSink | None = None,
     ) -> None:
         self._rest = rest
+        self._events = events
         self._hsecs = himitsu_secrets
         self._secrets = secrets
         self._token_ttl = token_ttl
@@ -67,12 +69,14 @@ class KubeClient:
         return self._hsecs.get(f"{namespace}/{name}")
 
     def get_secret(
-        self, namespace: str, name: str, *, fresh: bool = False,
+        self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
     ) -> dict[str, Any] | None:
+        """The informer's copy, else a direct read; ``fresh`` skips the informer,
+        ``cached`` skips the direct read (None: not among the labelled Secrets we watch)."""
         if not fresh:
-            cached = self._secrets.get(f"{namespace}/{name}")
-            if cached is not None:
-                return cached
+            hit = self._secrets.get(f"{namespace}/{name}")
+            if hit is not None or cached:
+                return hit
         try:
             return self._request("GET", SECRETS.path(namespace, name))
         except ApiError as exc:
@@ -166,26 +170,21 @@ class KubeClient:
     def record_event(
         self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,
     ) -> None:
-        meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace", ""))
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'himitsusecret')}.",
-                         "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": api.API_VERSION, "kind": api.KIND, "namespace": namespace,
-                "name": meta.get("name"), "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "type": type, "reason": reason, "message": message[:1024],
-            "source": {"component": COMPONENT},
-            "reportingComponent": f"{api.GROUP}/{COMPONENT}",
-            "reportingInstance": self._instance[:128],
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
+        """Hand the Event to the recorder (it returns at once); without one, POST it here
+        and raise KubeError when refused, for callers that need the apiserver's answer."""
+        # The recorder is generic and reads the kind from the object; say it here.
+        ref = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+               "metadata": obj.get("metadata") or {}}
+        if self._events is not None:
+            self._events.event(ref, type=type, reason=reason, message=message)
+            return
+        body = build_event(
+            ref, type=type, reason=reason, message=message, component=COMPONENT,
+            reporting_controller=REPORTING_CONTROLLER, instance=self._instance,
+            now=datetime.now(UTC),
+        )
         try:
-            self._request("POST", EVENTS.path(namespace), body=event)
+            self._request("POST", EVENTS.path(body["metadata"]["namespace"]), body=body)
         except ApiError as exc:
             raise _kube_error(exc, "recording an Event") from None
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from himitsu_controller import api
+from himitsu_controller import api, kube
 from himitsu_controller.kube import TOKEN_TTL, KubeClient
 from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
+from himitsu_controller.runtime.events import EventRecorder
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 
 SECRET_PATH = "/api/v1/namespaces/apps/secrets/app-secrets"
@@ -339,6 +340,47 @@ def test_event_errors_are_kube_errors(h: Harness) -> None:
     with pytest.raises(KubeError, match="recording an Event failed: 403 Forbidden"):
         h.client.record_event({"metadata": {"namespace": "apps", "name": "x"}},
                               type="Normal", reason="Synced", message="m")
+
+
+class FakeSink:
+    def __init__(self) -> None:
+        self.events: list[tuple[dict[str, Any], str, str, str]] = []
+
+    def event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
+        self.events.append((dict(obj), type, reason, message))
+
+
+HSEC = {"metadata": {"namespace": "apps", "name": "app-config", "uid": "u-9",
+                     "resourceVersion": "77"},
+        "spec": {"apiUrl": "https://himitsu.example.com"}, "status": {"secretCount": 3}}
+
+
+def test_with_a_recorder_events_are_handed_off_and_nothing_is_sent(h: Harness) -> None:
+    sink = FakeSink()
+    rest: RestClient = h.rest  # type: ignore[assignment]
+    client = KubeClient(rest, himitsu_secrets=h.hsecs, secrets=h.secrets, events=sink)
+    client.record_event(HSEC, type="Warning", reason="FetchFailure", message="m")
+    assert h.rest.sent == []
+    # The generic recorder reads the kind from the object: KubeClient names it.
+    assert sink.events == [({"apiVersion": api.API_VERSION, "kind": api.KIND,
+                             "metadata": HSEC["metadata"]}, "Warning", "FetchFailure", "m")]
+
+
+def test_the_recorder_sends_the_same_event_the_synchronous_path_does(h: Harness) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/events", {})
+    h.client.record_event(HSEC, type="Normal", reason="Synced", message="m" * 5000)
+    recorder = EventRecorder(h.rest, component=kube.COMPONENT, instance="pod-1",
+                             reporting_controller=kube.REPORTING_CONTROLLER)
+    rest: RestClient = h.rest  # type: ignore[assignment]
+    client = KubeClient(rest, himitsu_secrets=h.hsecs, secrets=h.secrets, events=recorder)
+    recorder.start()
+    client.record_event(HSEC, type="Normal", reason="Synced", message="m" * 5000)
+    assert recorder.stop(10.0)
+    direct, queued = (sent.body for sent in h.rest.sent)
+    assert queued["reportingComponent"] == "himitsu.io/himitsu-operator"
+    stamps = ("firstTimestamp", "lastTimestamp")
+    assert {k: v for k, v in queued.items() if k not in stamps} == \
+        {k: v for k, v in direct.items() if k not in stamps}
 
 
 @pytest.mark.parametrize(("method", "path", "named"), [

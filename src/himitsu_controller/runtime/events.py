@@ -1,0 +1,311 @@
+"""Kubernetes Events, recorded fire-and-forget, the way client-go's EventRecorder does it.
+
+Why not POST the Event where it happens: an Event is a side note for ``kubectl
+describe``, yet sending it inline made every reconcile that reported something wait for
+one more apiserver round trip (and for the client-side rate limiter). In a cold sync of
+a thousand objects that is a thousand blocking writes on the path to Ready. So
+``event()`` only builds the body and appends it to a bounded queue; one background
+thread sends the queue in order.
+
+What an Event may never do is hurt the work it reports on, hence:
+
+* ``event()`` never blocks on the network and never raises;
+* a full queue drops the new Event (counted, and logged at most once a minute): a
+  flooded apiserver should not also grow our memory;
+* a spam filter per (involved object, reason), a token bucket with client-go's numbers
+  (burst 25, then one every five minutes), keeps a hot object from flooding its
+  namespace's Events;
+* a failed POST is retried a few times only when a retry can help (unreachable
+  apiserver, 429, 5xx), then dropped. Failure log lines name the object and reason,
+  never the message or the apiserver's answer (which may quote the message);
+* ``stop(timeout)`` sends what is queued within the timeout, then gives up: the
+  process is shutting down and must not hang on a best-effort side channel.
+
+Aggregation of repeats into one Event with a growing ``count`` (client-go's
+EventCorrelator) is not done: callers here emit Events on transitions only.
+
+Generic: nothing here knows the objects it reports on beyond their metadata.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import structlog
+
+from .apierrors import ApiError, TransportError
+from .rest import Resource
+
+log = structlog.get_logger(__name__)
+
+EVENTS = Resource("", "v1", "events")
+
+MAX_MESSAGE = 1024  # characters; the body's message is cut to this
+MAX_INSTANCE = 128  # reportingInstance is validated to at most 128 characters
+SPAM_BURST = 25  # client-go's defaultSpamBurst
+SPAM_REFILL_SECONDS = 300.0  # client-go's defaultSpamQPS is 1/300
+SPAM_CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
+MAX_ATTEMPTS = 3
+RETRY_DELAY = 1.0  # seconds before the 2nd attempt; doubles after that
+REQUEST_TIMEOUT = 10.0
+DROP_LOG_INTERVAL = 60.0
+DEFAULT_NAMESPACE = "default"  # where Events about cluster-scoped objects go
+
+
+class EventSink(Protocol):
+    """Where callers hand Events: ``EventRecorder`` in production, a fake in tests."""
+
+    def event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None: ...
+
+
+class Requester(Protocol):
+    """The part of ``RestClient`` the recorder uses."""
+
+    def request(self, method: str, path: str, *, body: Any = None,
+                timeout: float = 30.0) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class _Pending:
+    namespace: str
+    name: str
+    reason: str
+    body: dict[str, Any]
+
+
+class _SpamFilter:
+    """Token bucket per key, in an LRU bounded like client-go's: an evicted key just
+    starts again with a full bucket, which errs on the side of showing the Event."""
+
+    def __init__(self, *, burst: int, refill_seconds: float, size: int,
+                 clock: Callable[[], float]) -> None:
+        self._burst = float(burst)
+        self._rate = 1.0 / refill_seconds
+        self._size = size
+        self._clock = clock
+        self._buckets: OrderedDict[tuple[str, ...], tuple[float, float]] = OrderedDict()
+
+    def allow(self, key: tuple[str, ...]) -> bool:
+        now = self._clock()
+        tokens, last = self._buckets.pop(key, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - last) * self._rate)
+        allowed = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._buckets) > self._size:
+            self._buckets.popitem(last=False)
+        return allowed
+
+
+def build_event(
+    obj: Mapping[str, Any], *, type: str, reason: str, message: str, component: str,
+    reporting_controller: str, instance: str, now: datetime,
+) -> dict[str, Any]:
+    """A core/v1 Event about ``obj`` (its apiVersion, kind and metadata name it)."""
+    meta = obj.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    name = meta.get("name")
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{name or 'object'}.",
+                     "namespace": namespace or DEFAULT_NAMESPACE},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+            "namespace": namespace, "name": name, "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": type, "reason": reason, "message": message[:MAX_MESSAGE],
+        "source": {"component": component},
+        "reportingComponent": reporting_controller,
+        "reportingInstance": instance[:MAX_INSTANCE],
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+class EventRecorder:
+    """A bounded queue of Events and the one thread that sends them, in order."""
+
+    def __init__(
+        self, rest: Requester, *, component: str, reporting_controller: str, instance: str,
+        queue_size: int = 1000, clock: Callable[[], float] = time.monotonic,
+        spam_burst: int = SPAM_BURST, spam_refill_seconds: float = SPAM_REFILL_SECONDS,
+        spam_cache_size: int = SPAM_CACHE_SIZE, max_attempts: int = MAX_ATTEMPTS,
+        retry_delay: float = RETRY_DELAY, request_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        if queue_size < 1 or max_attempts < 1:
+            raise ValueError("queue_size and max_attempts must be at least 1")
+        self._rest = rest
+        self._component = component
+        self._reporting_controller = reporting_controller
+        self._instance = instance
+        self._queue_size = queue_size
+        self._clock = clock
+        self._max_attempts = max_attempts
+        self._retry_delay = retry_delay
+        self._request_timeout = request_timeout
+        self._spam = _SpamFilter(burst=spam_burst, refill_seconds=spam_refill_seconds,
+                                 size=spam_cache_size, clock=clock)
+        self._queue: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._abandon = threading.Event()  # stop() gave up: drop the rest, skip retry waits
+        self._thread: threading.Thread | None = None
+        self._sending = False  # the sender holds an Event it has not finished with
+        self._counts = {"sent": 0, "dropped": 0, "filtered": 0, "failed": 0}
+        self._dropped_unlogged = 0
+        self._last_drop_log: float | None = None
+
+    # -- the caller's side ------------------------------------------------------------
+
+    def event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
+        """Queue an Event about ``obj``; returns at once and never raises."""
+        try:
+            self._enqueue(obj, type=type, reason=reason, message=message)
+        except Exception as exc:  # a malformed object must not fail the caller's work
+            log.warning("event not recorded", reason=reason, error=type_name(exc))
+
+    def _enqueue(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "")
+        name = str(meta.get("name") or "")
+        spam_key = (namespace, name, str(meta.get("uid") or ""), reason)
+        body = build_event(
+            obj, type=type, reason=reason, message=message, component=self._component,
+            reporting_controller=self._reporting_controller, instance=self._instance,
+            now=datetime.now(UTC),
+        )
+        pending = _Pending(body["metadata"]["namespace"], name, reason, body)
+        with self._cond:
+            if self._closing or len(self._queue) >= self._queue_size:
+                self._counts["dropped"] += 1
+                self._note_drop_locked()
+                return
+            if not self._spam.allow(spam_key):
+                self._counts["filtered"] += 1
+                return
+            self._queue.append(pending)
+            self._cond.notify()
+
+    def _note_drop_locked(self) -> None:
+        """Log drops at most once per DROP_LOG_INTERVAL, with how many since the last line."""
+        self._dropped_unlogged += 1
+        now = self._clock()
+        if self._last_drop_log is not None and now - self._last_drop_log < DROP_LOG_INTERVAL:
+            return
+        log.warning("event queue full or closed, dropping events",
+                    dropped=self._dropped_unlogged, dropped_total=self._counts["dropped"],
+                    queue_size=self._queue_size)
+        self._last_drop_log = now
+        self._dropped_unlogged = 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Events sent, dropped (queue full or closed), filtered (spam) and failed so far."""
+        with self._cond:
+            return dict(self._counts)
+
+    @property
+    def pending(self) -> int:
+        """Events queued and not yet taken by the sender."""
+        with self._cond:
+            return len(self._queue)
+
+    @property
+    def closed(self) -> bool:
+        """True once ``stop`` has begun: new Events are dropped from then on."""
+        with self._cond:
+            return self._closing
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the sender thread (once). Events queued before start are sent then."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="event-recorder",
+                                            daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> bool:
+        """Refuse new Events, send the queued ones for up to ``timeout`` seconds, then
+        drop the rest. True when every queued Event was handled in time."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        with self._cond:
+            if not self._queue and not self._sending:
+                return True  # the sender may still be on its way out: nothing is lost
+            self._abandon.set()
+            abandoned = len(self._queue)
+            self._queue.clear()
+            self._counts["dropped"] += abandoned
+            in_flight = self._sending
+        log.warning("gave up sending events at shutdown", abandoned=abandoned,
+                    in_flight=in_flight, timeout_seconds=timeout)
+        return False
+
+    # -- the sender thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                pending = self._queue.popleft()
+                self._sending = True
+            try:
+                outcome = self._send(pending)
+            except Exception as exc:  # never let the sender die: later Events still matter
+                outcome = "failed"
+                self._log_failure(pending, exc, attempts=1)
+            with self._cond:
+                self._counts[outcome] += 1
+                self._sending = False
+
+    def _send(self, pending: _Pending) -> str:
+        """POST with a few retries for transient failures; "sent" or "failed"."""
+        path = EVENTS.path(pending.namespace)
+        delay = self._retry_delay
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                self._rest.request("POST", path, body=pending.body,
+                                   timeout=self._request_timeout)
+                return "sent"
+            except (ApiError, TransportError) as exc:
+                last_try = attempt == self._max_attempts or not _transient(exc)
+                # stop() gave up on us: no waiting, no further attempt.
+                if last_try or self._abandon.wait(delay):
+                    self._log_failure(pending, exc, attempts=attempt)
+                    return "failed"
+                delay *= 2
+        raise AssertionError("unreachable: the last attempt returns")
+
+    @staticmethod
+    def _log_failure(pending: _Pending, exc: Exception, *, attempts: int) -> None:
+        # Neither the message nor str(exc): the apiserver's answer may quote the body.
+        status = exc.status if isinstance(exc, ApiError) else None
+        log.warning("event not recorded", namespace=pending.namespace, name=pending.name,
+                    reason=pending.reason, status=status, error=type_name(exc),
+                    attempts=attempts)
+
+
+def _transient(exc: ApiError | TransportError) -> bool:
+    """Worth another try: the apiserver was unreachable, overloaded or failing. Anything
+    else (forbidden, namespace gone, invalid) will be refused again."""
+    return isinstance(exc, TransportError) or exc.status == 429 or exc.status >= 500
+
+
+def type_name(exc: BaseException) -> str:
+    return type(exc).__name__
