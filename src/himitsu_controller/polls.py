@@ -14,7 +14,9 @@ version the *poller* holds. So a HimitsuSecret that needs a full fetch (its targ
 deleted) is usually served by a 304 plus the cached secrets: no secret material on the
 wire even for drift repair.
 
-Requests per token are also paced below Himitsu's limit. A request the pace would
+Requests are also paced below Himitsu's limits, per token (120/min per API key) and per
+API URL (300/min per client IP, which every token this operator holds shares). A request
+the pace would
 exceed is not sent; the caller gets a ``RateLimited`` marked local, which the reconciler
 turns into a quiet requeue rather than a failure.
 """
@@ -33,6 +35,10 @@ from himitsu_controller import himitsu
 # Himitsu's documented budget is 120 requests per key per 60 s window; keep clear of it.
 TOKEN_RATE_PER_MINUTE = 100.0
 TOKEN_BURST = 20.0
+# ... and 300 per client IP per window, before auth: every token this operator holds
+# shares that one (all its requests come from one address), so pace per API URL too.
+API_RATE_PER_MINUTE = 250.0
+API_BURST = 50.0
 IDLE_TTL = 3600.0
 
 
@@ -76,17 +82,18 @@ class SharedPoller:
     def __init__(
         self, client: Client, *, clock: Callable[[], float] = time.monotonic,
         rate_per_minute: float = TOKEN_RATE_PER_MINUTE, burst: float = TOKEN_BURST,
+        api_rate_per_minute: float = API_RATE_PER_MINUTE, api_burst: float = API_BURST,
         flight_timeout: float = 60.0, rng: Callable[[], float] = random.random,
     ) -> None:
         self._client = client
         self._clock = clock
         self._rng = rng
-        self._rate = rate_per_minute / 60.0
-        self._burst = burst
+        self._paces = {"token": (rate_per_minute / 60.0, burst),
+                       "api": (api_rate_per_minute / 60.0, api_burst)}
         self._flight_timeout = flight_timeout
         self._entries: dict[str, _Entry] = {}
         self._flights: dict[str, _Flight] = {}
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._lock = threading.Lock()
 
     def fetch(
@@ -150,7 +157,8 @@ class SharedPoller:
         self, source: str, *, api_url: str, project_id: str, environment_id: str, token: str,
     ) -> None:
         """Ask Himitsu once, conditional on what the poller holds, and remember the answer."""
-        self._take_token(himitsu.source_fingerprint(api_url, "", "", token))
+        self._take_token(token=himitsu.source_fingerprint(api_url, "", "", token),
+                         api=api_url)
         with self._lock:
             entry = self._entries.setdefault(source, _Entry())
             held = entry.version if entry.secrets is not None else None
@@ -172,20 +180,28 @@ class SharedPoller:
                 entry.version, entry.secrets = result.version, None
             self._evict_idle(entry.at)
 
-    def _take_token(self, key: str) -> None:
-        """Per-token pacing (a token bucket keyed by the API URL and token's hash)."""
+    def _take_token(self, **keys: str) -> None:
+        """Pacing: one token bucket per API key (URL and the token's hash) and one per API
+        URL; a request goes only when both have room, and then takes from both."""
         with self._lock:
             now = self._clock()
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = self._buckets[key] = _Bucket(tokens=self._burst, at=now)
-            bucket.tokens = min(self._burst, bucket.tokens + (now - bucket.at) * self._rate)
-            bucket.at = now
-            if bucket.tokens >= 1.0:
-                bucket.tokens -= 1.0
+            buckets = []
+            wait = 0.0
+            for kind, key in keys.items():
+                rate, burst = self._paces[kind]
+                bucket = self._buckets.get((kind, key))
+                if bucket is None:
+                    bucket = self._buckets[(kind, key)] = _Bucket(tokens=burst, at=now)
+                bucket.tokens = min(burst, bucket.tokens + (now - bucket.at) * rate)
+                bucket.at = now
+                buckets.append(bucket)
+                if bucket.tokens < 1.0:
+                    wait = max(wait, (1.0 - bucket.tokens) / rate)
+            if wait <= 0.0:
+                for bucket in buckets:
+                    bucket.tokens -= 1.0
                 return
-            wait = (1.0 - bucket.tokens) / self._rate
-        raise LocallyRateLimited("Himitsu request pace for this token reached",
+        raise LocallyRateLimited("Himitsu request pace for this token or API reached",
                                  retry_after=wait)
 
     def _evict_idle(self, now: float) -> None:

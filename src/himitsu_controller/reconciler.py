@@ -107,6 +107,7 @@ class _Memory:
     due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
     read_live: bool = False  # a create found the target's name taken: read it directly
     cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
+    answered: float | None = None  # when Himitsu gave the answer the target holds (epoch s)
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""
@@ -184,8 +185,9 @@ class HimitsuSecretReconciler:
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
         known = self._known_version(ctx, spec, target)
-        result = self._fetch(ctx, spec, token, known, late=self._lateness(mem))
+        result = self._fetch(ctx, spec, token, known, window=self._window(spec, mem))
         answered = self._now().timestamp() - result.age
+        mem.answered = answered
         if isinstance(result, himitsu.NotModified):
             data_changed = False
             count = ctx.status.secret_count
@@ -338,7 +340,7 @@ class HimitsuSecretReconciler:
 
     def _fetch(
         self, ctx: _Context, spec: api.Spec, token: str, known: int | None, *,
-        late: float = 0.0,
+        window: float,
     ) -> himitsu.FetchResult:
         # A user's force-sync asks Himitsu itself; otherwise an answer shared with other
         # HimitsuSecrets reading the same source is fine while it is within the jitter
@@ -347,7 +349,7 @@ class HimitsuSecretReconciler:
         # load, readers of one source reach the poller seconds apart and would otherwise
         # each ask Himitsu, exactly when the operator can least afford it.
         forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
-        max_age = 0.0 if forced else JITTER * spec.refresh_interval + late
+        max_age = 0.0 if forced else window
         try:
             result = self._fetcher.fetch(
                 api_url=spec.api_url, project_id=spec.project_id,
@@ -464,11 +466,25 @@ class HimitsuSecretReconciler:
         fraction = self._rng() if jitter is None else jitter
         return answered + interval - fraction * JITTER * interval
 
-    def _lateness(self, mem: _Memory) -> float:
-        """Seconds this timed poll runs behind its schedule (0 for any other reconcile)."""
-        if mem.due is None:
-            return 0.0
-        return max(0.0, self._now().timestamp() - mem.due)
+    def _window(self, spec: api.Spec, mem: _Memory) -> float:
+        """How old an answer shared with other readers of the source may be (seconds).
+
+        A timed poll takes one from the last 10% of the interval, plus however late the
+        poll runs (a backlog in the queue: readers of one source then reach the poller
+        seconds apart and would otherwise each ask Himitsu, exactly when the operator can
+        least afford it). A reconcile before the poll is due (a deleted or edited target,
+        a spec edit) needs the secrets, not news: any answer at least as recent as the
+        one this object already holds is as current as the target was meant to be. Without
+        that, a Helm upgrade touching every HimitsuSecret asked Himitsu once per object
+        and met its 300/min per-client limit.
+        """
+        now = self._now().timestamp()
+        window = JITTER * spec.refresh_interval
+        if mem.due is not None and now >= mem.due:
+            return window + (now - mem.due)
+        if mem.answered is not None and mem.due is not None:
+            return max(window, now - mem.answered)
+        return window
 
     def _check_api_url(self, spec: api.Spec) -> None:
         try:

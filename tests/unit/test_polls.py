@@ -209,3 +209,28 @@ def test_requests_per_token_are_paced_below_the_limit(client: FakeClient, clock:
     clock.now += 1.0
     fetch(poller, env=envs[4])
     assert len(client.calls) == 5
+
+
+def test_requests_per_api_url_are_paced_across_tokens(client: FakeClient, clock: Clock) -> None:
+    # Himitsu limits each client IP (before auth): every token this operator holds shares
+    # that budget, so many tokens must not add up past it.
+    for n in range(3):
+        client.secrets[f"himi_{n:016d}_" + "C" * 43] = {"K": str(n)}
+    tokens = [t for t in client.secrets if t.startswith("himi_0")]
+    poller = SharedPoller(client, clock=clock, rate_per_minute=60.0, burst=5.0,
+                          api_rate_per_minute=60.0, api_burst=2.0)
+    for token in tokens[:2]:
+        poller.fetch(api_url=API, project_id=PROJECT, environment_id=ENV, token=token,
+                     known_version=None)
+    with pytest.raises(LocallyRateLimited) as paced:
+        poller.fetch(api_url=API, project_id=PROJECT, environment_id=ENV, token=tokens[2],
+                     known_version=None)
+    assert paced.value.retry_after == pytest.approx(1.0)
+    assert len(client.calls) == 2
+    other = "https://other.example.com"  # another API has its own budget
+    poller.fetch(api_url=other, project_id=PROJECT, environment_id=ENV, token=tokens[2],
+                 known_version=None)
+    clock.now += 1.0
+    poller.fetch(api_url=API, project_id=PROJECT, environment_id=ENV, token=tokens[2],
+                 known_version=None)
+    assert len(client.calls) == 4

@@ -254,6 +254,21 @@ def test_the_next_poll_counts_from_the_answer_not_from_the_end_of_the_reconcile(
     assert result.requeue_after == pytest.approx(60.0 - 1.0 - 5.0)
 
 
+def test_a_repair_before_the_poll_takes_an_answer_as_recent_as_the_one_held(
+    world: World,
+) -> None:
+    # A deleted target needs the secrets, not news: the poller's copy of the answer the
+    # target held is current enough (a mass spec edit must not ask Himitsu per object).
+    world.sync(5)
+    world.clock.advance(30)
+    del world.kube.secrets[(NS, TARGET)]
+    world.sync(5)
+    assert world.fetcher.max_ages[-1] == pytest.approx(30.0)
+    world.clock.advance(60)  # the timed poll: the last 10% of the interval only
+    world.reconcile(himitsu.NotModified(5))
+    assert world.fetcher.max_ages[-1] == pytest.approx(6.0)
+
+
 def test_last_sync_time_is_when_himitsu_answered(world: World) -> None:
     # Readers of one shared answer record the same second, so after a restart they come
     # due together and share the first request again.
