@@ -87,9 +87,9 @@ def test_get_returns_json_and_sends_auth_accept_and_user_agent(
     assert request.headers["user-agent"] == "himitsu-test/1"
 
 
-def test_auth_is_applied_per_request_through_the_refresh_hook(
+def test_auth_is_applied_through_the_refresh_hook(
         server: FakeApiServer, api_client: k8s.ApiClient, rest: RestClient) -> None:
-    # The in-cluster loader rotates tokens through this hook: it must run on every request.
+    # The in-cluster loader rotates tokens through this hook (how often: test_rest_transport).
     server.tokens = {"rotated"}
     configuration = api_client.configuration
 

@@ -4,10 +4,15 @@ Why not the generated API classes: in kubernetes 37.x they are pydantic models, 
 times slower to build and larger to keep than the JSON dicts the apiserver sends, and a
 controller that caches every object it watches pays that on every event. So we keep the
 official client for what it does well (kubeconfig/in-cluster loading, TLS, auth headers
-including the rotating ServiceAccount token, urllib3 pooling) and speak JSON ourselves:
-``ApiClient.param_serialize`` applies the auth settings (calling the token refresh hook),
-``ApiClient.call_api`` sends the request and hands back the raw urllib3 response, which
-the 37.x REST layer always opens with ``preload_content=False``.
+including the rotating ServiceAccount token, urllib3 pooling) and speak JSON ourselves.
+Ordinary requests take the lean path of ``transport.LeanTransport``: the ApiClient's own
+pool for the apiserver, with headers and credentials rebuilt once a second instead of per
+request (in the operator's steady state the request round trip was about half its CPU,
+much of it the client's per-request preparation; bench/rest_cost.py measures it). Watches,
+and every request behind a proxy, go through ``ApiClient.param_serialize`` (which applies
+the auth settings, calling the token refresh hook) and ``ApiClient.call_api``, which
+hands back the raw urllib3 response (the 37.x REST layer opens it with
+``preload_content=False``).
 
 Why our own rate limiter and 429 handling: client-go limits every client to a token
 bucket (QPS/burst) so a controller cannot flood the apiserver after a restart, and honours
@@ -37,6 +42,7 @@ from kubernetes import client as k8s
 
 from .apierrors import ApiError, TransportError, describe_exception
 from .kubeconfig import ConfigError, load_api_client, new_api_client
+from .transport import REFRESH_SECONDS, LeanTransport, encode_body
 from .watchstream import WatchStream
 
 __all__ = [
@@ -159,11 +165,15 @@ class RestClient:
 
     def __init__(self, api_client: k8s.ApiClient, *, qps: float = 50.0, burst: int = 100,
                  user_agent: str | None = None, max_retries: int = 10,
+                 credentials_refresh: float = REFRESH_SECONDS,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
+        """``credentials_refresh``: seconds the lean path reuses headers and credentials."""
         self.api_client = api_client
         self._limiter = TokenBucket(qps, burst, clock=clock, sleep=sleep) if qps > 0 else None
         self._user_agent = user_agent
+        self._transport = LeanTransport(api_client, user_agent=user_agent,
+                                        refresh_every=credentials_refresh, clock=clock)
         self._max_retries = max_retries
         self._sleep = sleep
         self._counts: Counter[str] = Counter()
@@ -242,7 +252,14 @@ class RestClient:
 
     def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None, body: Any,
               content_type: str | None, timeout: float,
-              ) -> tuple[int, bytes, dict[str, str]]:
+              ) -> tuple[int, bytes, Mapping[str, str]]:
+        route = self._transport.route()
+        if route.pool is not None:
+            if content_type is None and body is not None:
+                content_type = JSON
+            return self._transport.send(route, method, path, _encode_query(query),
+                                        body=encode_body(body, content_type),
+                                        content_type=content_type, timeout=timeout)
         response = self._open(method, path, query=query, body=body, content_type=content_type,
                               timeout=timeout)
         try:
@@ -252,7 +269,7 @@ class RestClient:
             raise TransportError(f"{method} {path}: {describe_exception(exc)}") from None
         finally:
             response.release_conn()
-        return response.status, data, dict(response.headers)
+        return response.status, data, response.headers
 
     def watch(self, path: str, *, query: Mapping[str, Any] | None = None,
               read_timeout: float = 90.0, connect_timeout: float = 10.0) -> WatchStream:
