@@ -30,6 +30,7 @@ log = structlog.get_logger(__name__)
 MAX_FAILURE_BACKOFF = 300.0
 CONFLICT_REQUEUE = 0.5
 JITTER = 0.1
+SHARE = 0.5  # a poll may use another reader's answer up to half an interval old
 DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
 
 
@@ -469,17 +470,20 @@ class HimitsuSecretReconciler:
     def _window(self, spec: api.Spec, mem: _Memory) -> float:
         """How old an answer shared with other readers of the source may be (seconds).
 
-        A timed poll takes one from the last 10% of the interval, plus however late the
-        poll runs (a backlog in the queue: readers of one source then reach the poller
-        seconds apart and would otherwise each ask Himitsu, exactly when the operator can
-        least afford it). A reconcile before the poll is due (a deleted or edited target,
+        A timed poll takes one from the last half interval, plus however late the poll
+        runs. Its next poll is then due an interval after that answer, so the target never
+        lags Himitsu by more than refreshInterval; and its own last answer, at least 90% of
+        an interval old, is never taken again. The half interval lets readers of a source
+        whose polls drifted apart (a restart, a backlog in the queue, a split group) meet
+        on one answer again instead of each asking Himitsu, exactly when the operator can
+        least afford it. A reconcile before the poll is due (a deleted or edited target,
         a spec edit) needs the secrets, not news: any answer at least as recent as the
         one this object already holds is as current as the target was meant to be. Without
         that, a Helm upgrade touching every HimitsuSecret asked Himitsu once per object
         and met its 300/min per-client limit.
         """
         now = self._now().timestamp()
-        window = JITTER * spec.refresh_interval
+        window = SHARE * spec.refresh_interval
         if mem.due is not None and now >= mem.due:
             return window + (now - mem.due)
         if mem.answered is not None and mem.due is not None:

@@ -234,7 +234,7 @@ def test_a_shared_answer_aligns_the_next_poll_on_its_request(world: World) -> No
     world.sync(5)
     result = world.poll(himitsu.NotModified(5, age=4.0))
     assert result.requeue_after == pytest.approx(56.0)
-    assert world.fetcher.max_ages[-1] == pytest.approx(6.0)  # 10% of the interval
+    assert world.fetcher.max_ages[-1] == pytest.approx(30.0)  # half the interval
 
 
 def test_the_next_poll_counts_from_the_answer_not_from_the_end_of_the_reconcile(
@@ -264,9 +264,9 @@ def test_a_repair_before_the_poll_takes_an_answer_as_recent_as_the_one_held(
     del world.kube.secrets[(NS, TARGET)]
     world.sync(5)
     assert world.fetcher.max_ages[-1] == pytest.approx(30.0)
-    world.clock.advance(60)  # the timed poll: the last 10% of the interval only
+    world.clock.advance(60)  # the timed poll: the last half interval only
     world.reconcile(himitsu.NotModified(5))
-    assert world.fetcher.max_ages[-1] == pytest.approx(6.0)
+    assert world.fetcher.max_ages[-1] == pytest.approx(30.0)
 
 
 def test_last_sync_time_is_when_himitsu_answered(world: World) -> None:
@@ -310,7 +310,7 @@ def test_a_late_poll_accepts_answers_fetched_since_its_window_began(world: World
     world.sync(5)  # rng 0: the next poll is due in exactly 60 s
     world.clock.advance(63)  # the queue had a backlog: 3 s late
     world.reconcile(himitsu.NotModified(5, age=8.0))
-    assert world.fetcher.max_ages[-1] == pytest.approx(6.0 + 3.0)
+    assert world.fetcher.max_ages[-1] == pytest.approx(30.0 + 3.0)
 
 
 def test_a_retry_after_a_failure_gets_no_lateness_allowance(world: World) -> None:
@@ -319,7 +319,7 @@ def test_a_retry_after_a_failure_gets_no_lateness_allowance(world: World) -> Non
     world.reconcile(himitsu.ServerError("503"))
     world.clock.advance(5)
     world.reconcile(himitsu.NotModified(5))
-    assert world.fetcher.max_ages[-1] == pytest.approx(6.0)
+    assert world.fetcher.max_ages[-1] == pytest.approx(30.0)
 
 
 def test_force_sync_never_takes_a_shared_answer(world: World) -> None:
