@@ -188,7 +188,6 @@ class HimitsuSecretReconciler:
         known = self._known_version(ctx, spec, target)
         result = self._fetch(ctx, spec, token, known, window=self._window(spec, mem))
         answered = self._now().timestamp() - result.age
-        mem.answered = answered
         if isinstance(result, himitsu.NotModified):
             data_changed = False
             count = ctx.status.secret_count
@@ -208,7 +207,7 @@ class HimitsuSecretReconciler:
             )
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
-        mem.failures = 0
+        mem.failures, mem.answered = 0, answered
         mem.due = self._next_due(spec.refresh_interval, answered=answered, jitter=result.jitter)
         if mem.due is None:
             return Result()
