@@ -483,8 +483,8 @@ class HimitsuSecretReconciler:
         """
         now = self._now().timestamp()
         window = SHARE * spec.refresh_interval
-        if mem.due is not None and now >= mem.due:
-            return window + (now - mem.due)
+        if mem.due is not None and now >= mem.due - DUE_SLACK:  # as _woken_idle sees it
+            return window + max(0.0, now - mem.due)
         if mem.answered is not None and mem.due is not None:
             return max(window, now - mem.answered)
         return window
