@@ -21,17 +21,13 @@ from typing import Any, Protocol
 
 import structlog
 
-from himitsu_controller import api, himitsu, metrics, polls, render, targets
+from himitsu_controller import api, himitsu, metrics, polls, render, schedule, targets
 from himitsu_controller.runtime.controller import Result
 from himitsu_controller.status import StatusWriter
 
 log = structlog.get_logger(__name__)
 
-MAX_FAILURE_BACKOFF = 300.0
 CONFLICT_REQUEUE = 0.5
-JITTER = 0.1
-SHARE = 0.5  # a poll may use another reader's answer up to half an interval old
-DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
 
 
 class KubeError(Exception):
@@ -208,7 +204,9 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.failures, mem.answered = 0, answered
-        mem.due = self._next_due(spec.refresh_interval, answered=answered, jitter=result.jitter)
+        mem.due = schedule.next_due(
+            spec.refresh_interval, answered=answered,
+            fraction=self._rng() if result.jitter is None else result.jitter)
         if mem.due is None:
             return Result()
         return Result(requeue_after=max(0.0, mem.due - self._now().timestamp()))
@@ -266,7 +264,7 @@ class HimitsuSecretReconciler:
         if mem.target_rv is None or mem.failures or not _in_step(ctx):
             return None
         now = self._now().timestamp()
-        if spec.refresh_interval > 0 and (mem.due is None or mem.due - now < DUE_SLACK):
+        if spec.refresh_interval > 0 and (mem.due is None or schedule.is_due(now, mem.due)):
             return None
         target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
         self._note_cache(mem, target)
@@ -343,11 +341,8 @@ class HimitsuSecretReconciler:
         window: float,
     ) -> himitsu.FetchResult:
         # A user's force-sync asks Himitsu itself; otherwise an answer shared with other
-        # HimitsuSecrets reading the same source is fine while it is within the jitter
-        # window, which bounds how stale a shared answer can be. A poll running `late`
-        # (a backlog in the queue) takes any answer fetched since its window began: under
-        # load, readers of one source reach the poller seconds apart and would otherwise
-        # each ask Himitsu, exactly when the operator can least afford it.
+        # HimitsuSecrets reading the same source is fine within `window`
+        # (schedule.share_window says how old, and why that keeps the lag bounded).
         forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
         max_age = 0.0 if forced else window
         try:
@@ -442,52 +437,12 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             log.warning("status update failed", key=ctx.key, error=str(exc))
         interval = spec.refresh_interval if spec is not None else 0.0
-        delay = failure.retry_after or self._backoff(mem.failures, interval)
+        delay = failure.retry_after or schedule.backoff(mem.failures, interval)
         return Result(requeue_after=delay, error=failure.reason)
 
-    def _backoff(self, failures: int, interval: float) -> float:
-        cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF
-        return float(min(2.0 ** min(failures - 1, 30), max(cap, 1.0)))
-
-    def _next_due(
-        self, interval: float, *, answered: float, jitter: float | None = None,
-    ) -> float | None:
-        """When the next poll is due (epoch seconds): up to 10% early, never late, counted
-        from the moment Himitsu answered, not from the end of this reconcile.
-
-        So HimitsuSecrets sharing one answer come back together and share the next one
-        too, however long their status patches queued behind each other (under load that
-        spread them over seconds, past the sharing window). The jitter is the shared
-        answer's own (one draw per request) when the poller gives one, for the same
-        reason: a draw per HimitsuSecret would spread a group over the whole 10% window.
-        """
-        if interval <= 0:
-            return None
-        fraction = self._rng() if jitter is None else jitter
-        return answered + interval - fraction * JITTER * interval
-
     def _window(self, spec: api.Spec, mem: _Memory) -> float:
-        """How old an answer shared with other readers of the source may be (seconds).
-
-        A timed poll takes one from the last half interval, plus however late the poll
-        runs. Its next poll is then due an interval after that answer, so the target never
-        lags Himitsu by more than refreshInterval; and its own last answer, at least 90% of
-        an interval old, is never taken again. The half interval lets readers of a source
-        whose polls drifted apart (a restart, a backlog in the queue, a split group) meet
-        on one answer again instead of each asking Himitsu, exactly when the operator can
-        least afford it. A reconcile before the poll is due (a deleted or edited target,
-        a spec edit) needs the secrets, not news: any answer at least as recent as the
-        one this object already holds is as current as the target was meant to be. Without
-        that, a Helm upgrade touching every HimitsuSecret asked Himitsu once per object
-        and met its 300/min per-client limit.
-        """
-        now = self._now().timestamp()
-        window = SHARE * spec.refresh_interval
-        if mem.due is not None and now >= mem.due - DUE_SLACK:  # as _woken_idle sees it
-            return window + max(0.0, now - mem.due)
-        if mem.answered is not None and mem.due is not None:
-            return max(window, now - mem.answered)
-        return window
+        return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
+                                     due=mem.due, answered=mem.answered)
 
     def _check_api_url(self, spec: api.Spec) -> None:
         try:

@@ -1,0 +1,67 @@
+"""When a HimitsuSecret polls next, and how old a shared answer it may take.
+
+The promises these numbers keep: a target never lags Himitsu by more than its
+refreshInterval (plus processing); readers of one source (see ``polls``) share one request
+per round and, when their polls have drifted apart, meet on one answer again; polls
+of different sources are spread, not bunched; a failure backs off without ever waiting
+longer than the interval (capped at 5 minutes). Pure functions of times in epoch seconds,
+so the reconciler's timing can be read (and tested) in one place.
+"""
+
+from __future__ import annotations
+
+MAX_FAILURE_BACKOFF = 300.0
+JITTER = 0.1  # a poll comes up to 10% of the interval early, never late
+SHARE = 0.5  # a poll may take another reader's answer up to half an interval old
+DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
+
+
+def next_due(interval: float, *, answered: float, fraction: float) -> float | None:
+    """When the next poll is due: up to 10% early (``fraction`` of the jitter window),
+    never late, counted from the moment Himitsu gave the answer just used, not from the
+    end of the reconcile. None for refreshInterval 0 (sync once).
+
+    So HimitsuSecrets sharing one answer come back together and share the next one too,
+    however long their status patches queued behind each other (under load that spread
+    them over seconds, past the sharing window). ``fraction`` should be the shared
+    answer's own draw (one per request), for the same reason: a draw per HimitsuSecret
+    would spread a group over the whole 10% window.
+    """
+    if interval <= 0:
+        return None
+    return answered + interval - fraction * JITTER * interval
+
+
+def is_due(now: float, due: float | None) -> bool:
+    return due is not None and now >= due - DUE_SLACK
+
+
+def share_window(
+    interval: float, *, now: float, due: float | None, answered: float | None,
+) -> float:
+    """How old an answer shared with other readers of the source may be (seconds).
+
+    A timed poll takes one from the last half interval, plus however late the poll runs.
+    Its next poll is then due an interval after that answer, so the target never lags
+    Himitsu by more than refreshInterval; and its own last answer, at least 90% of an
+    interval old, is never taken again. The half interval lets readers of a source whose
+    polls drifted apart (a restart, a backlog in the queue, a split group) meet on one
+    answer again instead of each asking Himitsu, exactly when the operator can least
+    afford it. A reconcile before the poll is due (a deleted or edited target, a spec
+    edit) needs the secrets, not news: any answer at least as recent as the one the
+    target holds (``answered``) is as current as the target was meant to be. Without
+    that, a Helm upgrade touching every HimitsuSecret asked Himitsu once per object and
+    met its 300/min per-client limit.
+    """
+    window = SHARE * interval
+    if due is not None and is_due(now, due):
+        return window + max(0.0, now - due)
+    if answered is not None and due is not None:
+        return max(window, now - answered)
+    return window
+
+
+def backoff(failures: int, interval: float) -> float:
+    """Exponential from 1 s, capped at min(refreshInterval, 5 min) but at least 1 s."""
+    cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF
+    return float(min(2.0 ** min(failures - 1, 30), max(cap, 1.0)))

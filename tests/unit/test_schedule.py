@@ -1,0 +1,55 @@
+"""Tests for schedule.py: the timing rules on their own (the simulation in
+test_poll_schedule.py proves what they add up to with the reconciler and the poller)."""
+
+from __future__ import annotations
+
+import pytest
+
+from himitsu_controller import schedule
+
+
+def test_next_due_counts_from_the_answer_and_is_never_late() -> None:
+    assert schedule.next_due(60.0, answered=1000.0, fraction=0.0) == 1060.0
+    assert schedule.next_due(60.0, answered=1000.0, fraction=0.5) == pytest.approx(1057.0)
+    assert schedule.next_due(60.0, answered=1000.0, fraction=0.999) == pytest.approx(1054.006)
+
+
+def test_refresh_interval_zero_has_no_next_poll() -> None:
+    assert schedule.next_due(0.0, answered=1000.0, fraction=0.3) is None
+
+
+def test_a_timed_poll_shares_half_an_interval_plus_its_lateness() -> None:
+    assert schedule.share_window(60.0, now=1060.0, due=1060.0, answered=1000.0) == 30.0
+    assert schedule.share_window(60.0, now=1065.0, due=1060.0, answered=1000.0) == 35.0
+
+
+def test_a_timed_poll_never_takes_its_own_last_answer() -> None:
+    # due at least 90% of an interval after the answer: older than any window it gets
+    for fraction in (0.0, 0.5, 0.999):
+        due = schedule.next_due(10.0, answered=0.0, fraction=fraction)
+        assert due is not None
+        for late in (0.0, 0.5, 30.0):
+            window = schedule.share_window(10.0, now=due + late, due=due, answered=0.0)
+            assert due + late - 0.0 > window
+
+
+def test_a_wake_just_before_the_due_time_is_the_poll() -> None:
+    window = schedule.share_window(60.0, now=1059.99, due=1060.0, answered=1000.0)
+    assert window == 30.0  # not the repair window, which would cover the held answer
+
+
+def test_a_repair_before_the_poll_takes_an_answer_as_recent_as_the_held_one() -> None:
+    assert schedule.share_window(60.0, now=1040.0, due=1060.0, answered=1000.0) == 40.0
+    assert schedule.share_window(60.0, now=1010.0, due=1060.0, answered=1000.0) == 30.0
+
+
+def test_without_memory_only_the_share_window_applies() -> None:
+    assert schedule.share_window(60.0, now=1040.0, due=None, answered=None) == 30.0
+
+
+def test_backoff_doubles_from_one_second_capped_by_the_interval_and_five_minutes() -> None:
+    assert [schedule.backoff(n, 3600.0) for n in (1, 2, 3, 9, 10, 60)] == [
+        1.0, 2.0, 4.0, 256.0, 300.0, 300.0]
+    assert schedule.backoff(10, 30.0) == 30.0
+    assert schedule.backoff(10, 0.5) == 1.0  # never below a second
+    assert schedule.backoff(10, 0.0) == 300.0  # refreshInterval 0: the 5 minute cap
