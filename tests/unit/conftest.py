@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from fake_apiserver import FakeApiServer
+from fakes import SleepClock
 from kubernetes import client as k8s
 
 
@@ -21,3 +22,8 @@ def api_client(server: FakeApiServer) -> Iterator[k8s.ApiClient]:
     client = server.api_client()
     yield client
     FakeApiServer.close_client(client)
+
+
+@pytest.fixture
+def clock() -> SleepClock:
+    return SleepClock()

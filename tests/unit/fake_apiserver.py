@@ -16,6 +16,7 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -288,3 +289,14 @@ def _make_handler(server: FakeApiServer) -> type[http.server.BaseHTTPRequestHand
             self._handle()
 
     return Handler
+
+
+def kubeconfig_for(server: FakeApiServer, path: Path) -> Path:
+    """A kubeconfig file pointing at ``server`` with its bearer token (for cli.run)."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{server.url}'}}}}]\n"
+        f"users: [{{name: op, user: {{token: {TOKEN}}}}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: op}}]\n"
+        "current-context: fake\n")
+    return path

@@ -265,3 +265,19 @@ class FakeFetcher:
         if isinstance(step, Exception):
             raise step
         return step
+
+
+class SleepClock:
+    """A monotonic clock that ``sleep`` moves on (and records): for the rate limiter and
+    retry tests, which must never really wait."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds

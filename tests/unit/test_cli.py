@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_apiserver import TOKEN as API_TOKEN
-from fake_apiserver import Canned, FakeApiServer, Recorded
+from fake_apiserver import Canned, FakeApiServer, Recorded, kubeconfig_for
 
 from himitsu_controller import __version__, api, cli
 
@@ -38,16 +37,6 @@ class HimitsuApiServer(FakeApiServer):
                   "spec": {"target": {"name": "app-secrets"}}}
         return Canned(200, {"kind": f"{api.KIND}List", "apiVersion": api.API_VERSION,
                             "metadata": {"resourceVersion": "10"}, "items": [broken]})
-
-
-def kubeconfig_for(server: FakeApiServer, path: Path) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{server.url}'}}}}]\n"
-        f"users: [{{name: op, user: {{token: {API_TOKEN}}}}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: op}}]\n"
-        "current-context: fake\n")
-    return path
 
 
 def event_posts(server: FakeApiServer) -> list[Recorded]:

@@ -27,8 +27,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from fake_apiserver import TOKEN as API_TOKEN
-from fake_apiserver import Canned, FakeApiServer
+from fake_apiserver import Canned, FakeApiServer, kubeconfig_for
 from fakes import FakeFetcher, FakeKube, b64
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -268,16 +267,6 @@ def test_kube_client_refuses_names_that_would_leave_the_namespace(
 
 
 # --- cli.run: the Secret informer -------------------------------------------------------------
-
-
-def kubeconfig_for(server: FakeApiServer, path: Path) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters: [{{name: fake, cluster: {{server: '{server.url}'}}}}]\n"
-        f"users: [{{name: op, user: {{token: {API_TOKEN}}}}}]\n"
-        "contexts: [{name: fake, context: {cluster: fake, user: op}}]\n"
-        "current-context: fake\n")
-    return path
 
 
 @pytest.mark.timeout(60)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fake_apiserver import TOKEN, Canned, FakeApiServer, status_body
+from fakes import SleepClock
 from kubernetes import client as k8s
 
 from himitsu_controller.runtime import kubeconfig
@@ -29,26 +30,10 @@ WIDGETS = Resource("example.io", "v1", "widgets")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def rest(api_client: k8s.ApiClient, clock: FakeClock) -> RestClient:
+def rest(api_client: k8s.ApiClient, clock: SleepClock) -> RestClient:
     return RestClient(api_client, clock=clock, sleep=clock.sleep)
 
 
@@ -139,7 +124,7 @@ def test_not_found_from_the_server(rest: RestClient) -> None:
 
 
 def test_429_with_retry_after_is_retried_after_the_delay(
-        server: FakeApiServer, rest: RestClient, clock: FakeClock) -> None:
+        server: FakeApiServer, rest: RestClient, clock: SleepClock) -> None:
     server.put("a")
     throttled = status_body(429, "TooManyRequests", "slow down")
     server.canned.extend([Canned(429, throttled, {"Retry-After": "2"}),
@@ -150,7 +135,7 @@ def test_429_with_retry_after_is_retried_after_the_delay(
 
 
 def test_429_retries_are_bounded(server: FakeApiServer, api_client: k8s.ApiClient,
-                                 clock: FakeClock) -> None:
+                                 clock: SleepClock) -> None:
     rest = RestClient(api_client, max_retries=2, clock=clock, sleep=clock.sleep)
     throttled = status_body(429, "TooManyRequests", "slow down")
     server.canned.extend(Canned(429, throttled, {"Retry-After": "1"}) for _ in range(5))
@@ -162,7 +147,7 @@ def test_429_retries_are_bounded(server: FakeApiServer, api_client: k8s.ApiClien
 
 
 def test_429_without_retry_after_is_not_retried(server: FakeApiServer, rest: RestClient,
-                                                clock: FakeClock) -> None:
+                                                clock: SleepClock) -> None:
     server.canned.append(Canned(429, status_body(429, "TooManyRequests", "no")))
     with pytest.raises(ApiError):
         rest.get(WIDGETS, "a", namespace="ns")
@@ -230,7 +215,7 @@ def test_apply_patch_with_field_manager(rest: RestClient) -> None:
 
 # Client-side rate limiting.
 
-def test_token_bucket_allows_a_burst_then_paces_at_qps(clock: FakeClock) -> None:
+def test_token_bucket_allows_a_burst_then_paces_at_qps(clock: SleepClock) -> None:
     bucket = TokenBucket(10.0, 2, clock=clock, sleep=clock.sleep)
     assert [bucket.reserve() for _ in range(4)] == pytest.approx([0.0, 0.0, 0.1, 0.2])
     clock.now += 10.0  # long idle: refills to the burst, not beyond
@@ -238,7 +223,7 @@ def test_token_bucket_allows_a_burst_then_paces_at_qps(clock: FakeClock) -> None
 
 
 def test_requests_wait_for_the_limiter_but_watches_do_not(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: FakeClock) -> None:
+        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
     server.put("a")
     rest = RestClient(api_client, qps=1.0, burst=1, clock=clock, sleep=clock.sleep)
     rest.get(WIDGETS, "a", namespace="ns")

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import urllib3
 from fake_apiserver import TOKEN, Canned, FakeApiServer, status_body
+from fakes import SleepClock
 from kubernetes import client as k8s
 
 from himitsu_controller.runtime.rest import (
@@ -42,22 +43,6 @@ from himitsu_controller.runtime.transport import apiserver_pool, encode_body
 WIDGETS = Resource("example.io", "v1", "widgets")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 def sent_tokens(server: FakeApiServer) -> list[str]:
@@ -194,7 +179,7 @@ def test_the_clients_retry_policy_covers_broken_connections() -> None:
 # Credentials over time.
 
 def test_credentials_are_reread_once_per_refresh_period(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: Clock) -> None:
+        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
     server.tokens = {"t1", "t2", "t3"}
     issued = iter(["t1", "t2", "t3"])
     calls: list[float] = []
@@ -214,7 +199,7 @@ def test_credentials_are_reread_once_per_refresh_period(
 
 
 def test_a_slow_refresh_does_not_hold_up_other_requests(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: Clock) -> None:
+        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
     # A kubeconfig credential plugin can take seconds: meanwhile the others keep going.
     server.tokens = {TOKEN, "t2"}
     rest = RestClient(api_client, clock=clock, sleep=clock.sleep)
@@ -243,7 +228,7 @@ def test_a_slow_refresh_does_not_hold_up_other_requests(
 
 def test_a_401_rereads_the_credentials_at_once(server: FakeApiServer,
                                                api_client: k8s.ApiClient,
-                                               clock: Clock) -> None:
+                                               clock: SleepClock) -> None:
     rest = RestClient(api_client, clock=clock, sleep=clock.sleep)
     server.put("a")
     rest.get(WIDGETS, "a", namespace="ns")
@@ -274,7 +259,7 @@ def test_a_kubeconfig_token_reaches_the_wire(server: FakeApiServer, tmp_path: Pa
 
 
 def test_429_with_retry_after_on_a_patch(server: FakeApiServer, api_client: k8s.ApiClient,
-                                         clock: Clock) -> None:
+                                         clock: SleepClock) -> None:
     rest = RestClient(api_client, clock=clock, sleep=clock.sleep)
     throttled = status_body(429, "TooManyRequests", "slow down")
     server.canned.append(Canned(429, throttled, {"retry-after": "4"}))  # any header case
