@@ -28,6 +28,7 @@ from himitsu_controller.runtime.events import (
     SPAM_REFILL_SECONDS,
     EventRecorder,
 )
+from himitsu_controller.runtime.metrics import REGISTRY
 
 TIMEOUT = 10.0
 CANARY = "CANARY-event-message-7Qz"
@@ -405,3 +406,20 @@ def test_canary_a_message_never_reaches_a_log_line(
     failures = [entry for entry in logs if entry["event"] == "event not recorded"]
     assert [f["reason"] for f in failures] == ["Invalid", "Unreachable", "Bug"]
     assert CANARY not in json.dumps(logs, default=str)
+
+
+def test_outcomes_are_counted_in_the_metrics_registry(
+    rest: FakeRest, clock: Clock, recorders: list[EventRecorder],
+) -> None:
+    def sample(outcome: str) -> float:
+        return REGISTRY.get_sample_value(
+            "event_recorder_events_total", {"outcome": outcome}) or 0.0
+
+    before = {o: sample(o) for o in ("sent", "filtered")}
+    recorder = recorder_for(rest, clock, recorders)
+    for _ in range(SPAM_BURST + 2):
+        emit(recorder, "Flapping")
+    recorder.start()
+    wait_for(lambda: recorder.counts["sent"] == SPAM_BURST, "the allowed Events sent")
+    assert sample("sent") - before["sent"] == SPAM_BURST
+    assert sample("filtered") - before["filtered"] == 2

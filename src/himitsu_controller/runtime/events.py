@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from . import metrics
 from .apierrors import ApiError, TransportError
 from .rest import Resource
 
@@ -183,14 +184,19 @@ class EventRecorder:
         pending = _Pending(body["metadata"]["namespace"], name, reason, body)
         with self._cond:
             if self._closing or len(self._queue) >= self._queue_size:
-                self._counts["dropped"] += 1
+                self._count_locked("dropped")
                 self._note_drop_locked()
                 return
             if not self._spam.allow(spam_key):
-                self._counts["filtered"] += 1
+                self._count_locked("filtered")
                 return
             self._queue.append(pending)
             self._cond.notify()
+
+    def _count_locked(self, outcome: str, n: int = 1) -> None:
+        self._counts[outcome] += n
+        if n:
+            metrics.events_total.labels(outcome).inc(n)
 
     def _note_drop_locked(self) -> None:
         """Log drops at most once per DROP_LOG_INTERVAL, with how many since the last line."""
@@ -248,7 +254,7 @@ class EventRecorder:
             self._abandon.set()
             abandoned = len(self._queue)
             self._queue.clear()
-            self._counts["dropped"] += abandoned
+            self._count_locked("dropped", abandoned)
             in_flight = self._sending
         log.warning("gave up sending events at shutdown", abandoned=abandoned,
                     in_flight=in_flight, timeout_seconds=timeout)
@@ -271,7 +277,7 @@ class EventRecorder:
                 outcome = "failed"
                 self._log_failure(pending, exc, attempts=1)
             with self._cond:
-                self._counts[outcome] += 1
+                self._count_locked(outcome)
                 self._sending = False
 
     def _send(self, pending: _Pending) -> str:

@@ -127,6 +127,13 @@ workqueue_work_duration_seconds = Histogram(
     registry=REGISTRY,
 )
 
+events_total = Counter(
+    "event_recorder_events_total",
+    "Events handed to the Event recorder, by outcome (sent, dropped: queue full or "
+    "shutdown, filtered: spam filter, failed: refused or unreachable after retries)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 leader_election_master_status = Gauge(
     "leader_election_master_status",
     "Gauge of if the reporting system is master of the relevant lease, "
