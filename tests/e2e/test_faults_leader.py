@@ -202,7 +202,11 @@ def test_a_leader_that_cannot_renew_stops_writing_before_a_standby_leads(
     # Past the moment the held answer came: whatever the old leader would still write.
     wait_for(lambda: h.standin.count(held.env, after=mark) >= 2, timeout=30,
              what="the new leader to poll the held HimitsuSecret")
-
+    # Its status patch follows that request by milliseconds: wait for it in the audit log
+    # rather than read the log in between (then the new leader may have written nothing).
+    wait_for(lambda: any(e.user == operator_user(SECOND_SA) and e.name == held.name
+                         for e in audit.writes(ns, user_prefix=operator_user(""))),
+             timeout=30, what="the new leader's first write for the held HimitsuSecret")
     writes = audit.writes(ns, user_prefix=operator_user(""))
     users = [era[0].user for era in _eras(writes)]
     assert users == [operator_user(THIRD_SA), operator_user(SECOND_SA)], (
