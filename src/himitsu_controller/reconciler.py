@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from himitsu_controller import api, himitsu, metrics, polls, render, schedule, targets
+from himitsu_controller import allowlist, api, himitsu, metrics, polls, render, schedule, targets
 from himitsu_controller.runtime.controller import Result
 from himitsu_controller.status import StatusWriter
 
@@ -128,7 +128,7 @@ class HimitsuSecretReconciler:
     ) -> None:
         self._kube = kube
         self._fetcher = fetcher
-        self._allowed = [_normalise_prefix(u) for u in allowed_api_urls if u.strip()]
+        self._allowed = allowlist.AllowList(allowed_api_urls)
         self._now = now
         self._rng = rng
         self._status = StatusWriter(kube, now=now)
@@ -446,14 +446,9 @@ class HimitsuSecretReconciler:
 
     def _check_api_url(self, spec: api.Spec) -> None:
         try:
-            url = himitsu.validate_api_url(spec.api_url)
-        except himitsu.HimitsuError as exc:
+            self._allowed.check(spec.api_url)
+        except allowlist.NotAllowed as exc:
             raise _Failure("InvalidSpec", str(exc)) from None
-        if self._allowed and not any(_under_prefix(url, p) for p in self._allowed):
-            raise _Failure("InvalidSpec", (
-                f"apiUrl {spec.api_url[:100]!r} is not in the operator's --allowed-api-urls; "
-                "ask the cluster administrator to allow it"
-            ))
 
     def _claims(self, namespace: str, holder: str, secret_name: str) -> bool:
         """Does HimitsuSecret ``holder`` still exist and still name this Secret as its target?
@@ -477,21 +472,6 @@ class HimitsuSecretReconciler:
         with self._lock:
             self._memory.pop(key, None)
         self._status.forget(key)
-
-
-def _normalise_prefix(prefix: str) -> str:
-    """Normalise an allowed prefix as apiUrl is (host case, default port, trailing slash),
-    or an operator's ``https://Himitsu.example.com:443/`` would refuse every apiUrl."""
-    try:
-        return himitsu.validate_api_url(prefix)
-    except himitsu.HimitsuError:
-        return prefix.strip().rstrip("/")
-
-
-def _under_prefix(url: str, prefix: str) -> bool:
-    """Prefix match on URL boundaries: ``https://a.example`` must not allow ``https://a.example.evil``."""
-    base = prefix.rstrip("/")
-    return url == base or url.startswith(base + "/")
 
 
 def _in_step(ctx: _Context) -> bool:
