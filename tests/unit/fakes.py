@@ -15,10 +15,11 @@ from a full fetch.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import itertools
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,3 +282,21 @@ class SleepClock:
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
+
+
+@contextlib.contextmanager
+def himitsu_clients(**defaults: Any) -> Iterator[Callable[..., himitsu.HimitsuClient]]:
+    """A factory of HimitsuClients built with ``defaults`` (a test's own options win),
+    every one of them closed at the end."""
+    made: list[himitsu.HimitsuClient] = []
+
+    def make(**options: Any) -> himitsu.HimitsuClient:
+        client = himitsu.HimitsuClient(**{**defaults, **options})
+        made.append(client)
+        return client
+
+    try:
+        yield make
+    finally:
+        for client in made:
+            client.close()

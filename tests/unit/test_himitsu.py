@@ -19,6 +19,7 @@ import pytest
 import requests
 import responses
 import structlog
+from fakes import himitsu_clients
 from structlog.testing import LogCapture
 from structlog.tracebacks import ExceptionDictTransformer
 
@@ -78,19 +79,8 @@ def outcomes() -> list[str]:
 
 @pytest.fixture
 def make_client(clock: Clock, outcomes: list[str]) -> Iterator[Callable[..., HimitsuClient]]:
-    made: list[HimitsuClient] = []
-
-    def make(**options: Any) -> HimitsuClient:
-        options.setdefault("sleep", clock.sleep)
-        options.setdefault("clock", clock)
-        options.setdefault("observer", outcomes.append)
-        client = HimitsuClient(**options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
+    with himitsu_clients(sleep=clock.sleep, clock=clock, observer=outcomes.append) as make:
+        yield make
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import requests
+from fakes import himitsu_clients
 
 from himitsu_controller._http import describe_transport_error
 from himitsu_controller.himitsu import (
@@ -125,19 +126,9 @@ def outcomes() -> list[str]:
 
 @pytest.fixture
 def make_client(outcomes: list[str]) -> Iterator[Callable[..., HimitsuClient]]:
-    made: list[HimitsuClient] = []
-    sleeps: list[float] = []
-
-    def make(**options: Any) -> HimitsuClient:
-        options.setdefault("sleep", sleeps.append)  # retries without really sleeping
-        options.setdefault("observer", outcomes.append)
-        client = HimitsuClient(**options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
+    sleeps: list[float] = []  # retries without really sleeping
+    with himitsu_clients(sleep=sleeps.append, observer=outcomes.append) as make:
+        yield make
 
 
 def fetch(client: HimitsuClient, url: str, known: int | None = None) -> Any:
