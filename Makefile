@@ -29,9 +29,10 @@ venv: $(VENV)/.installed ## Create .venv with the operator and its dev tools
 install-dev: venv
 
 .PHONY: lint
-lint: venv ## ruff + mypy --strict
+lint: venv ## ruff + mypy --strict + the layer contract (hack/check_layers.py)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict
+	$(PY) hack/check_layers.py src
 
 .PHONY: test
 test: venv kube-build ## Unit tests, then the end-to-end suite on a local control plane (the CI command)

@@ -1,9 +1,10 @@
 """``himitsu-controller``: flags in, a running Manager out.
 
-This is the only module that knows both layers: it builds the generic runtime
-(informers, controller, leader election, manager) and plugs the Himitsu reconciler into
-it. Bad flags and an unreachable cluster end in one clear line and a non-zero exit,
-never a traceback, because that line is what an operator sees in ``kubectl logs``.
+This is the only module that knows every layer: it builds the generic runtime
+(informers, controller, leader election, manager), the Himitsu client and the shared
+poller, and plugs the reconciler (``sync/``) into it through the adapter (``kube``).
+Bad flags and an unreachable cluster end in one clear line and a non-zero exit, never a
+traceback, because that line is what an operator sees in ``kubectl logs``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from typing import Any
 
 import structlog
 
-from himitsu_controller import __version__, api, himitsu, kube, metrics, polls
+from himitsu_controller import __version__, api, himitsu, kube, metrics
 from himitsu_controller import logging as hlogging
-from himitsu_controller.reconciler import HimitsuSecretReconciler
 from himitsu_controller.runtime import handler
 from himitsu_controller.runtime.controller import Controller
 from himitsu_controller.runtime.events import EventRecorder
@@ -33,6 +33,8 @@ from himitsu_controller.runtime.leaderelection import (
 )
 from himitsu_controller.runtime.manager import Manager
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
+from himitsu_controller.sync import polls
+from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""The reconciler's Kubernetes port, on the official client through the runtime's REST layer.
+"""The adapter: ``sync.ports.Kube`` on the runtime's REST client and informer caches.
 
 Reads come from informer caches wherever they can, because the steady-state promise is
 one apiserver request per poll (the status patch): the HimitsuSecret from its informer,
@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from himitsu_controller import api
-from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
 from himitsu_controller.runtime.events import EVENTS, EventSink, build_event
 from himitsu_controller.runtime.rest import ApiError, Resource, RestClient, TransportError
+from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
 
 SECRETS = Resource("", "v1", "secrets")
 HIMITSU_SECRETS = Resource(api.GROUP, api.VERSION, api.PLURAL)

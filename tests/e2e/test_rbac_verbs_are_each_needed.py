@@ -31,12 +31,13 @@ from typing import Any
 import pytest
 import yaml
 
-from himitsu_controller import api, cli, kube, targets
-from himitsu_controller.reconciler import KubeError
+from himitsu_controller import api, cli, kube
 from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from himitsu_controller.runtime.rest import ApiError, Resource, RestClient, load_api_client
 from himitsu_controller.runtime.store import Store
+from himitsu_controller.sync import targets
+from himitsu_controller.sync.ports import KubeError
 from localcluster import LocalCluster
 
 from . import cluster_setup

@@ -25,7 +25,7 @@ from typing import Any
 
 from himitsu_controller import himitsu
 from himitsu_controller.api import LABEL_MANAGED
-from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
+from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
 
 Key = tuple[str, str]
 

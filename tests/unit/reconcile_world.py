@@ -15,8 +15,8 @@ from typing import Any
 from fakes import FakeFetcher, FakeKube, b64, unb64
 
 from himitsu_controller import api, himitsu
-from himitsu_controller.reconciler import HimitsuSecretReconciler
 from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 NS, NAME, TARGET, KEY = "apps", "app-config", "app-secrets", "apps/app-config"
 API = "https://himitsu.example.com"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from himitsu_controller.allowlist import AllowList, NotAllowed
+from himitsu_controller.sync.allowlist import AllowList, NotAllowed
 
 
 @pytest.mark.parametrize(("url", "allowed"), [

@@ -1,6 +1,6 @@
 """Hostile Himitsu responses, from a real socket through to the HimitsuSecret's status.
 
-test_himitsu.py and test_himitsu_transport.py prove the client's typed errors one by
+test_himitsu_client.py and test_himitsu_http.py prove the client's typed errors one by
 one. This file proves the end-to-end promise on top: whatever a server (or a proxy, or
 a broken network) sends, the real ``HimitsuClient`` behind the real ``SharedPoller``
 behind the real reconciler ends in Ready=False FetchFailure with a message of our own,
@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from reconcile_world import ENV, KEY, PROJECT, TOKEN, World, values
 
 from himitsu_controller import himitsu
-from himitsu_controller.polls import SharedPoller
 from himitsu_controller.runtime.controller import Controller
+from himitsu_controller.sync.polls import SharedPoller
 
 CAP = 256 * 1024
 HUNDRED_MB = 100 * 1024 * 1024

@@ -18,9 +18,9 @@ import pytest
 
 from himitsu_controller import api, kube
 from himitsu_controller.kube import TOKEN_TTL, KubeClient
-from himitsu_controller.reconciler import Conflict, KubeError, SecretNotFound
 from himitsu_controller.runtime.events import EventRecorder
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
+from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
 
 SECRET_PATH = "/api/v1/namespaces/apps/secrets/app-secrets"
 TOKEN_PATH = "/api/v1/namespaces/apps/secrets/himitsu-token"

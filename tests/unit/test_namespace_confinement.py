@@ -35,9 +35,10 @@ from kubernetes import client as k8s
 from reconcile_world import API, ENV, PROJECT, TOKEN, fetched, values
 
 from himitsu_controller import api, cli, himitsu, kube
-from himitsu_controller.reconciler import HimitsuSecretReconciler, SecretNotFound
 from himitsu_controller.runtime.rest import RestClient, new_api_client
 from himitsu_controller.runtime.store import Store
+from himitsu_controller.sync.ports import SecretNotFound
+from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 # --- the reconciler ---------------------------------------------------------------------
 

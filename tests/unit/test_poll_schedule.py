@@ -31,9 +31,9 @@ from fakes import FakeKube, b64, unb64
 from reconcile_world import NS, T0, TOKEN, make_hsec
 
 from himitsu_controller import api, himitsu
-from himitsu_controller.polls import LocallyRateLimited, SharedPoller
-from himitsu_controller.reconciler import HimitsuSecretReconciler
-from himitsu_controller.schedule import JITTER
+from himitsu_controller.sync.polls import LocallyRateLimited, SharedPoller
+from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
+from himitsu_controller.sync.schedule import JITTER
 
 TOKEN_B = "himi_0123456789abcdef_" + "B" * 43
 EPS = 1e-6  # float slack when comparing moments computed in epoch seconds

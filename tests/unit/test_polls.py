@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pytest
 
 from himitsu_controller import himitsu
-from himitsu_controller.polls import LocallyRateLimited, SharedPoller
+from himitsu_controller.sync.polls import LocallyRateLimited, SharedPoller
 
 API = "https://himitsu.example.com"
 PROJECT = "11111111-1111-1111-1111-111111111111"

@@ -33,8 +33,8 @@ from reconcile_world import (
 )
 
 from himitsu_controller import api, himitsu
-from himitsu_controller.reconciler import HimitsuSecretReconciler
 from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 
 @pytest.fixture

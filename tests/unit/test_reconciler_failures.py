@@ -34,8 +34,8 @@ from reconcile_world import (
 
 from himitsu_controller import api, himitsu
 from himitsu_controller import logging as hlog
-from himitsu_controller.polls import LocallyRateLimited
-from himitsu_controller.reconciler import Conflict, KubeError
+from himitsu_controller.sync.polls import LocallyRateLimited
+from himitsu_controller.sync.ports import Conflict, KubeError
 
 
 @pytest.fixture

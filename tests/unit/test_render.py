@@ -16,7 +16,7 @@ from dotenv import dotenv_values
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from himitsu_controller.render import (
+from himitsu_controller.sync.render import (
     MAX_SECRET_BYTES,
     RenderError,
     data_hash,

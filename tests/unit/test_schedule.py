@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from himitsu_controller import schedule
+from himitsu_controller.sync import schedule
 
 
 def test_next_due_counts_from_the_answer_and_is_never_late() -> None:

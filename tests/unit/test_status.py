@@ -14,9 +14,9 @@ from fakes import FakeKube
 from reconcile_world import Clock
 
 from himitsu_controller import api
-from himitsu_controller.reconciler import KubeError
 from himitsu_controller.runtime.metrics import REGISTRY
-from himitsu_controller.status import MAX_MESSAGE, StatusWriter
+from himitsu_controller.sync.ports import KubeError
+from himitsu_controller.sync.status import MAX_MESSAGE, StatusWriter
 
 KEY = "apps/app-config"
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from fakes import b64
 
-from himitsu_controller import api, targets
-from himitsu_controller.render import data_hash
+from himitsu_controller import api
+from himitsu_controller.sync import targets
+from himitsu_controller.sync.render import data_hash
 
 OWNER = targets.Owner(namespace="apps", name="app-config", uid="uid-1")
 SECRET_VALUE = "s3cr3t-VALUE-canary"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from himitsu_controller import api
-from himitsu_controller.render import data_hash
+from himitsu_controller.sync.render import data_hash
 
 
 class TargetConflict(Exception):

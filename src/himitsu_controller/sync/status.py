@@ -15,14 +15,12 @@ import copy
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from himitsu_controller import api, metrics
-
-if TYPE_CHECKING:
-    from himitsu_controller.reconciler import Kube
+from himitsu_controller.sync.ports import Kube
 
 log = structlog.get_logger(__name__)
 

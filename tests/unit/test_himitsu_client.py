@@ -1,7 +1,7 @@
 """Unit tests for the Himitsu API client, with `responses` standing in for the server.
 
 What a mocked adapter cannot show (a trickling server, a reset, TLS, connection reuse)
-is proven against a loopback server in test_himitsu_transport.py.
+is proven against a loopback server in test_himitsu_http.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from structlog.testing import LogCapture
 from structlog.tracebacks import ExceptionDictTransformer
 
 from himitsu_controller import __version__, himitsu
-from himitsu_controller._http import new_session
-from himitsu_controller.himitsu import (
+from himitsu_controller.himitsu.client import (
     BadRequest,
     Fetched,
     Forbidden,
@@ -41,6 +40,7 @@ from himitsu_controller.himitsu import (
     Undecodable,
     UnexpectedStatus,
 )
+from himitsu_controller.himitsu.http import new_session
 
 TOKEN = "himi_0123456789abcdef_" + "CANARYtokenCANARYtokenCANARYtokenCANARY_-xy"
 SECRET = "canary-secret-value-7f3a"

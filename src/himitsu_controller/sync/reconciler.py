@@ -1,8 +1,8 @@
 """The idempotent reconcile of one HimitsuSecret: fetch-or-304, render, write, status.
 
-It talks to Kubernetes only through the small ``Kube`` protocol below (implemented on
-the official client by ``kube.py``) and to Himitsu through ``Fetcher`` (the API client,
-or the shared poller in front of it), so every rule can be proven without a cluster.
+It talks to Kubernetes only through the ``Kube`` port (``sync.ports``, implemented on
+the runtime's client by ``kube.py``) and to Himitsu through ``Fetcher`` (the shared
+poller in front of the API client), so every rule can be proven without a cluster.
 
 Two promises shape the code. A conditional request is sent only when the target still
 holds exactly what we wrote for this spec, or a 304 would confirm data that is not
@@ -17,60 +17,21 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from himitsu_controller import allowlist, api, himitsu, metrics, polls, render, schedule, targets
+from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.status import StatusWriter
+from himitsu_controller.sync import allowlist, polls, render, schedule, targets
+from himitsu_controller.sync.expectations import Memory, resource_version, uid_of
+from himitsu_controller.sync.ports import Conflict, Fetcher, Kube, KubeError
+from himitsu_controller.sync.status import StatusWriter
+from himitsu_controller.sync.tokens import TokenError, TokenReader
 
 log = structlog.get_logger(__name__)
 
 CONFLICT_REQUEUE = 0.5
-
-
-class KubeError(Exception):
-    """A Kubernetes write or read failed; ``str()`` is safe to show (no object data)."""
-
-    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-class Conflict(KubeError):
-    """409: someone else wrote first; the reconcile is simply retried."""
-
-
-class SecretNotFound(Exception):
-    """The Secret named by authSecretRef does not exist."""
-
-
-class Kube(Protocol):
-    def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def get_secret(
-        self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
-    ) -> dict[str, Any] | None: ...
-    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None: ...
-    def forget_secret_value(self, namespace: str, name: str, key: str) -> None: ...
-    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
-    def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
-    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None: ...
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
-    def record_event(
-        self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,
-    ) -> None: ...
-
-
-class Fetcher(Protocol):
-    """``polls.SharedPoller`` in production: may answer from a poll shared with others,
-    no older than ``max_age`` seconds (``FetchResult.age`` says how old)."""
-
-    def fetch(
-        self, *, api_url: str, project_id: str, environment_id: str, token: str,
-        known_version: int | None, max_age: float = 0.0,
-    ) -> himitsu.FetchResult: ...
 
 
 class _Failure(Exception):
@@ -90,27 +51,6 @@ class _Requeue(Exception):
         self.delay = delay
 
 
-@dataclass
-class _Memory:
-    """What this process last wrote for one HimitsuSecret (client-go's "expectations").
-
-    The informer caches lag behind our own writes; trusting them right after a write
-    would cause a spurious full fetch (stale status) or a second write (stale target).
-    """
-
-    uid: str
-    target_rv: str | None = None
-    failures: int = 0
-    due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
-    read_live: bool = False  # a create found the target's name taken: read it directly
-    cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
-    answered: float | None = None  # when Himitsu gave the answer the target holds (epoch s)
-
-    def expect(self, rv: str | None) -> None:
-        """The target now holds ``rv``; the informer may not have seen it yet."""
-        self.target_rv, self.cache_has_write = rv, False
-
-
 @dataclass(frozen=True)
 class _Context:
     key: str
@@ -127,12 +67,13 @@ class HimitsuSecretReconciler:
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._kube = kube
+        self._tokens = TokenReader(kube)
         self._fetcher = fetcher
         self._allowed = allowlist.AllowList(allowed_api_urls)
         self._now = now
         self._rng = rng
         self._status = StatusWriter(kube, now=now)
-        self._memory: dict[str, _Memory] = {}
+        self._memory: dict[str, Memory] = {}
         self._lock = threading.Lock()
 
     def reconcile(self, key: str) -> Result:
@@ -227,7 +168,7 @@ class HimitsuSecretReconciler:
         return status.config_version
 
     def _defer_after_restart(
-        self, ctx: _Context, spec: api.Spec, mem: _Memory,
+        self, ctx: _Context, spec: api.Spec, mem: Memory,
     ) -> Result | None:
         """First reconcile in this process of a healthy object: wait for its next poll.
 
@@ -247,11 +188,11 @@ class HimitsuSecretReconciler:
             target, owner=ctx.owner, spec=spec, version=status.config_version,
         ):
             return None
-        mem.expect(_rv(target))
+        mem.expect(resource_version(target))
         mem.due = self._now().timestamp() + remaining
         return Result(requeue_after=remaining)
 
-    def _woken_idle(self, ctx: _Context, spec: api.Spec, mem: _Memory) -> Result | None:
+    def _woken_idle(self, ctx: _Context, spec: api.Spec, mem: Memory) -> Result | None:
         """Woken before the next poll with everything as this process left it: the echo
         of our own write (the target's watch event), a resync, a metadata-only edit.
         Back to sleep until the poll is due, or for refreshInterval 0 for good.
@@ -268,7 +209,7 @@ class HimitsuSecretReconciler:
             return None
         target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
         self._note_cache(mem, target)
-        if _rv(target) != mem.target_rv or not targets.is_consistent(
+        if resource_version(target) != mem.target_rv or not targets.is_consistent(
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
         ):
             return None
@@ -277,7 +218,7 @@ class HimitsuSecretReconciler:
         return Result(requeue_after=mem.due - now)
 
     def _read_target(
-        self, ctx: _Context, spec: api.Spec, mem: _Memory,
+        self, ctx: _Context, spec: api.Spec, mem: Memory,
     ) -> dict[str, Any] | None:
         # An Owner target we may write is labelled as ours, so the informer holds it: a
         # miss means there is none (deleted, or never created), and the create that
@@ -290,51 +231,26 @@ class HimitsuSecretReconciler:
         self._note_cache(mem, target)
         if target is None and owner_policy and mem.cache_has_write:
             return None  # the informer saw our write, then its deletion: no need to ask
-        if mem.target_rv is not None and _rv(target) != mem.target_rv:
+        if mem.target_rv is not None and resource_version(target) != mem.target_rv:
             # The cache disagrees with our last write: it lags, or someone else wrote.
             # One direct read tells which, instead of a needless full fetch and rewrite.
             target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
             # Whichever it was, the fresh copy is now the one to expect: without this, a
             # write by someone else (a foreign key added to a Merge target) would cost a
             # direct read on every poll from then on.
-            mem.expect(_rv(target))
+            mem.expect(resource_version(target))
         return target
 
     @staticmethod
-    def _note_cache(mem: _Memory, target: Mapping[str, Any] | None) -> None:
-        if mem.target_rv is not None and _rv(target) == mem.target_rv:
+    def _note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
+        if mem.target_rv is not None and resource_version(target) == mem.target_rv:
             mem.cache_has_write = True
 
     def _token(self, namespace: str, spec: api.Spec) -> str:
-        name, key = spec.auth_secret_name, spec.auth_secret_key
         try:
-            raw = self._kube.read_secret_value(namespace, name, key)
-        except SecretNotFound:
-            raise _Failure("AuthenticationFailure", (
-                f"token Secret {name!r} not found in namespace {namespace!r}; create it with "
-                f"kubectl -n {namespace} create secret generic {name} --from-literal={key}=<token>"
-            )) from None
-        except KubeError as exc:
-            raise _Failure("AuthenticationFailure",
-                           f"reading token Secret {name!r} failed: {exc}") from None
-        if raw is None:
-            raise _Failure("AuthenticationFailure", (
-                f"token Secret {name!r} has no key {key!r}; add it or set authSecretRef.key"
-            ))
-        try:
-            text = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            text = ""
-        if not text:
-            self._kube.forget_secret_value(namespace, name, key)
-            raise _Failure("AuthenticationFailure",
-                           f"key {key!r} of token Secret {name!r} is empty or not text")
-        try:
-            return himitsu.validate_token(text)
-        except himitsu.InvalidToken as exc:
-            self._kube.forget_secret_value(namespace, name, key)
-            raise _Failure("AuthenticationFailure",
-                           f"token in Secret {name!r} key {key!r}: {exc}") from None
+            return self._tokens.read(namespace, spec.auth_secret_name, spec.auth_secret_key)
+        except TokenError as exc:
+            raise _Failure("AuthenticationFailure", str(exc)) from None
 
     def _fetch(
         self, ctx: _Context, spec: api.Spec, token: str, known: int | None, *,
@@ -354,8 +270,7 @@ class HimitsuSecretReconciler:
         except polls.LocallyRateLimited as exc:
             raise _Requeue(max(0.5, exc.retry_after)) from None
         except (himitsu.Unauthorized, himitsu.Forbidden) as exc:
-            self._kube.forget_secret_value(
-                ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
+            self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
             raise _Failure("AuthenticationFailure", str(exc)) from None
         except (himitsu.BadRequest, himitsu.InvalidInput) as exc:
             raise _Failure("InvalidSpec", str(exc)) from None
@@ -379,7 +294,7 @@ class HimitsuSecretReconciler:
             raise _Failure("InvalidSpec", str(exc)) from None
 
     def _write(
-        self, ctx: _Context, spec: api.Spec, mem: _Memory, *, target: dict[str, Any] | None,
+        self, ctx: _Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
         rendered: dict[str, str], version: int,
     ) -> bool:
         ns = ctx.owner.namespace
@@ -396,7 +311,7 @@ class HimitsuSecretReconciler:
                         f"{target.get('type', 'Opaque')!r}; Secret types are immutable and a Merge "
                         "target is not ours to recreate"
                     ))
-                self._kube.delete_secret(ns, spec.target.name, uid=_uid(target))
+                self._kube.delete_secret(ns, spec.target.name, uid=uid_of(target))
                 target = None
                 desired = targets.desired_secret(
                     None, owner=ctx.owner, spec=spec, rendered=rendered, version=version)
@@ -405,7 +320,7 @@ class HimitsuSecretReconciler:
                 written = self._kube.create_secret(ns, desired)
                 metrics.count_write("create")
             elif targets.same_content(target, desired):
-                mem.expect(_rv(target))
+                mem.expect(resource_version(target))
                 return False
             else:
                 data_changed = (target.get("data") or {}) != desired["data"]
@@ -417,7 +332,7 @@ class HimitsuSecretReconciler:
             raise _Requeue() from None
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
-        mem.expect(_rv(written))
+        mem.expect(resource_version(written))
         mem.read_live = False
         return data_changed
 
@@ -440,7 +355,7 @@ class HimitsuSecretReconciler:
         delay = failure.retry_after or schedule.backoff(mem.failures, interval)
         return Result(requeue_after=delay, error=failure.reason)
 
-    def _window(self, spec: api.Spec, mem: _Memory) -> float:
+    def _window(self, spec: api.Spec, mem: Memory) -> float:
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
                                      due=mem.due, answered=mem.answered)
 
@@ -461,11 +376,11 @@ class HimitsuSecretReconciler:
         target = ((obj.get("spec") or {}).get("target") or {}).get("name")
         return target == secret_name
 
-    def _remember(self, ctx: _Context) -> _Memory:
+    def _remember(self, ctx: _Context) -> Memory:
         with self._lock:
             mem = self._memory.get(ctx.key)
             if mem is None or mem.uid != ctx.owner.uid:
-                mem = self._memory[ctx.key] = _Memory(uid=ctx.owner.uid)
+                mem = self._memory[ctx.key] = Memory(uid=ctx.owner.uid)
             return mem
 
     def _forget(self, key: str) -> None:
@@ -480,15 +395,3 @@ def _in_step(ctx: _Context) -> bool:
     return (status.ready is not None and status.ready.status == "True"
             and status.observed_generation == ctx.generation
             and api.force_sync_value(ctx.obj) == status.last_force_sync)
-
-
-def _rv(obj: Mapping[str, Any] | None) -> str | None:
-    if not obj:
-        return None
-    value = (obj.get("metadata") or {}).get("resourceVersion")
-    return str(value) if value else None
-
-
-def _uid(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("uid", ""))
-

@@ -7,8 +7,8 @@ authority; a proxy's error page must not reach a Kubernetes status; a token or a
 value must never end up in an exception string, a log line or a metric label; a server
 that trickles bytes must not hold a worker past a deadline; a redirect must not carry a
 request off the configured host. Each of those is decided here, once, and tested in
-tests/unit/test_himitsu.py and test_himitsu_transport.py. The deadline plumbing
-lives in `himitsu_controller._http`, the reading of answers in `_himitsu_wire`.
+tests/unit/test_himitsu_client.py and test_himitsu_http.py. The deadline plumbing
+lives in `himitsu.http`, the reading of answers in `himitsu.wire`.
 
 Errors are typed by what the caller does next (fix the spec, fix the token, wait for
 Retry-After, retry with backoff), and every message is ours: status, envelope ``code``
@@ -36,8 +36,8 @@ import requests
 import structlog
 
 from himitsu_controller import __version__
-from himitsu_controller import _himitsu_wire as wire
-from himitsu_controller._http import Abort, BearerAuth, RawAnswer, bounded_get, new_session
+from himitsu_controller.himitsu import wire
+from himitsu_controller.himitsu.http import Abort, BearerAuth, RawAnswer, bounded_get, new_session
 
 __all__ = [
     "OUTCOMES", "TOKEN_PATTERN", "USER_AGENT", "BadRequest", "FetchResult", "Fetched",

@@ -26,14 +26,14 @@ import pytest
 import requests
 from fakes import himitsu_clients
 
-from himitsu_controller._http import describe_transport_error
-from himitsu_controller.himitsu import (
+from himitsu_controller.himitsu.client import (
     Fetched,
     HimitsuClient,
     NotModified,
     TransportError,
     Undecodable,
 )
+from himitsu_controller.himitsu.http import describe_transport_error
 
 TOKEN = "himi_0123456789abcdef_" + "CANARYtokenCANARYtokenCANARYtokenCANARY_-xy"
 SECRET = "canary-secret-value-7f3a"

@@ -1,0 +1,47 @@
+"""What this process last wrote, per HimitsuSecret: client-go's "expectations".
+
+The informer caches lag behind our own writes; trusting them right after a write would
+cause a spurious full fetch (a stale status) or a second write (a stale target). The
+reconciler keeps one ``Memory`` per object (dropped when the object goes, rebuilt from
+nothing after a restart) and compares the cache's resourceVersion with the one it wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Memory", "resource_version", "uid_of"]
+
+
+@dataclass
+class Memory:
+    """What this process last wrote for one HimitsuSecret (client-go's "expectations").
+
+    The informer caches lag behind our own writes; trusting them right after a write
+    would cause a spurious full fetch (stale status) or a second write (stale target).
+    """
+
+    uid: str
+    target_rv: str | None = None
+    failures: int = 0
+    due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
+    read_live: bool = False  # a create found the target's name taken: read it directly
+    cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
+    answered: float | None = None  # when Himitsu gave the answer the target holds (epoch s)
+
+    def expect(self, rv: str | None) -> None:
+        """The target now holds ``rv``; the informer may not have seen it yet."""
+        self.target_rv, self.cache_has_write = rv, False
+
+
+def resource_version(obj: Mapping[str, Any] | None) -> str | None:
+    if not obj:
+        return None
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(value) if value else None
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))

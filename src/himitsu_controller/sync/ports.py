@@ -1,0 +1,61 @@
+"""What the reconcile needs from the outside world, and the errors it may get back.
+
+``Kube`` is implemented on the runtime's REST client and informer caches by
+``himitsu_controller.kube`` (the adapter) and in memory by the unit tests' fakes;
+``Fetcher`` by ``sync.polls.SharedPoller`` in front of ``himitsu.HimitsuClient``. The
+reconcile sees nothing else of Kubernetes or Himitsu, so every rule in ``sync/`` can be
+proven without a cluster, and the adapter depends on this file only, never on the
+reconcile itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from himitsu_controller import himitsu
+
+__all__ = ["Conflict", "Fetcher", "Kube", "KubeError", "SecretNotFound"]
+
+
+class KubeError(Exception):
+    """A Kubernetes write or read failed; ``str()`` is safe to show (no object data)."""
+
+    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class Conflict(KubeError):
+    """409: someone else wrote first; the reconcile is simply retried."""
+
+
+class SecretNotFound(Exception):
+    """The Secret named by authSecretRef does not exist."""
+
+
+class Kube(Protocol):
+    def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get_secret(
+        self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
+    ) -> dict[str, Any] | None: ...
+    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None: ...
+    def forget_secret_value(self, namespace: str, name: str, key: str) -> None: ...
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None: ...
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
+    def record_event(
+        self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,
+    ) -> None: ...
+
+
+class Fetcher(Protocol):
+    """``polls.SharedPoller`` in production: may answer from a poll shared with others,
+    no older than ``max_age`` seconds (``FetchResult.age`` says how old)."""
+
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None, max_age: float = 0.0,
+    ) -> himitsu.FetchResult: ...
