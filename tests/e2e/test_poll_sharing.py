@@ -1,21 +1,16 @@
 """Poll sharing: HimitsuSecrets reading one environment with one token share one poll.
 
-Sharing is its own issue; until the operator has it (a module of the package whose name
-says polls, such as ``himitsu_controller.polls``), this test is skipped rather than
-asserting a behaviour not built yet.
-When present, it checks the two promises that make sharing safe: every sharer gets the
-data, and different tokens never share (revoking one fails only its own HimitsuSecret).
+It checks the two promises that make sharing safe: every sharer gets the data, and
+different tokens never share (revoking one fails only its own HimitsuSecret).
 """
 
 from __future__ import annotations
 
-import pkgutil
 import time
 from collections.abc import Callable
 
 import pytest
 
-import himitsu_controller
 from himitsu_standin import fingerprint
 
 from .harness import Harness
@@ -27,12 +22,6 @@ REFRESH_SECONDS = 2.0
 POLLS = 5
 
 
-def _has_poll_sharing() -> bool:
-    names = [m.name for m in pkgutil.iter_modules(himitsu_controller.__path__)]
-    return any("poll" in n or "shar" in n for n in names)
-
-
-@pytest.mark.skipif(not _has_poll_sharing(), reason="the operator does not share polls yet")
 def test_shared_polls_serve_every_sharer_and_never_mix_tokens(
         h: Harness, make_ns: Callable[[str], str]) -> None:
     env, values = h.environment("API_KEY", "DB_PASSWORD")
