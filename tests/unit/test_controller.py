@@ -321,3 +321,42 @@ def test_requeue_after_key_is_reconciled_again_when_due(
     # "k" became due before "poke" was added, but an add() (an event) goes ahead of timed
     # requeues; the due requeue still runs right after.
     assert calls == ["k", "poke", "k"]
+
+
+@pytest.mark.parametrize("delay", [0.0, -2.5])
+def test_requeue_after_zero_or_less_is_a_requeue_never_a_success(
+    name: str, stop_after: list[Controller], delay: float,
+) -> None:
+    # "Due 2.5 s ago" means poll now. controller-runtime reads a zero RequeueAfter as
+    # unset and forgets the key; here None is unset, so the key must come back
+    # (rate-limited, so a reconciler that keeps saying "now" backs off instead of spinning).
+    clock = FakeClock()
+    queue = RecordingQueue(name, clock)
+    calls: list[str] = []
+
+    def reconcile(key: str) -> Result:
+        calls.append(key)
+        return Result(requeue_after=delay) if len(calls) == 1 else Result()
+
+    controller = Controller(name, reconcile, workers=1, queue=queue)
+    stop_after.append(controller)
+    controller.enqueue("k")
+    controller.start()
+    queue.wait_done(1)
+    assert queue.calls[0] == ("add_rate_limited", "k", None)
+    assert ("forget", "k", None) not in queue.calls
+    assert sample("controller_runtime_reconcile_total", controller=name, result="success") == 0
+    assert sample("controller_runtime_reconcile_total", controller=name, result="requeue") == 1
+    clock.now += 1.0  # the rate limiter's first step (1 s in RecordingQueue)
+    queue.add("poke")
+    queue.wait_done(3)
+    assert calls.count("k") == 2
+
+
+@pytest.mark.parametrize("delay", [0.0, -1.0])
+def test_a_reported_error_with_requeue_after_zero_or_less_is_rate_limited(
+    name: str, stop_after: list[Controller], delay: float,
+) -> None:
+    queue = run_once(name, Result(error="boom", requeue_after=delay), stop_after)
+    assert queue.calls[0] == ("add_rate_limited", "ns/obj", None)
+    assert queue.num_requeues("ns/obj") == 1

@@ -11,11 +11,19 @@ Outcomes, as in controller-runtime (``reconcileHandler``):
 * an exception: logged, counted as an error and a panic, retried with rate limiting;
   the worker thread carries on;
 * ``Result(error=...)``: a failure the reconciler already handled and reported (status,
-  Event): counted as an error; retried after ``requeue_after`` when set (the failure
-  count is kept, so a later rate-limited retry still backs off), else rate-limited;
+  Event): counted as an error; retried after ``requeue_after`` when it is > 0 (the
+  failure count is kept, so a later rate-limited retry still backs off), else
+  rate-limited;
 * ``Result(requeue_after=...)``: success with a timed poll: forget, then add after;
 * ``Result(requeue=True)``: rate-limited requeue;
 * ``Result()``: success: forget.
+
+One deliberate difference: ``requeue_after`` <= 0 is a requeue, not a success. In Go a
+zero ``RequeueAfter`` is also the unset value, so controller-runtime forgets the key
+unless ``Requeue`` is set; a reconciler that computes "due 2 s ago" and returns it then
+stops its object for good. Here "unset" is None, so 0 or less can only mean "now", and
+it is a rate-limited requeue (as ``requeue=True``), which also backs off a reconciler
+that keeps saying "now".
 """
 
 from __future__ import annotations
@@ -171,7 +179,7 @@ class Controller:
             self._total[metrics.RESULT_ERROR].inc()
             # The reconciler has reported it (status, Event); debug keeps one line per key.
             self._log.debug("reconcile reported an error", key=key, error=result.error)
-            if result.requeue_after is not None:
+            if result.requeue_after is not None and result.requeue_after > 0:
                 self.queue.add_after(key, result.requeue_after)
             else:
                 self.queue.add_rate_limited(key)
@@ -179,7 +187,7 @@ class Controller:
             self.queue.forget(key)
             self.queue.add_after(key, result.requeue_after)
             self._total[metrics.RESULT_REQUEUE_AFTER].inc()
-        elif result.requeue:
+        elif result.requeue or result.requeue_after is not None:
             self.queue.add_rate_limited(key)
             self._total[metrics.RESULT_REQUEUE].inc()
         else:
