@@ -148,9 +148,7 @@ class HimitsuSecretReconciler:
         mem.due = schedule.next_due(
             spec.refresh_interval, answered=answered,
             fraction=self._rng() if result.jitter is None else result.jitter)
-        if mem.due is None:
-            return Result()
-        return Result(requeue_after=max(0.0, mem.due - self._now().timestamp()))
+        return self._until_due(mem)
 
     def _known_version(
         self, ctx: _Context, spec: api.Spec, target: dict[str, Any] | None,
@@ -180,8 +178,11 @@ class HimitsuSecretReconciler:
         last = api.parse_time(status.last_sync_time)
         if last is None or not _in_step(ctx):
             return None
-        remaining = last.timestamp() + spec.refresh_interval - self._now().timestamp()
-        if remaining <= 0:
+        now = self._now().timestamp()
+        # A lastSyncTime ahead of our clock (another replica's skew) waits no longer
+        # than an interval.
+        remaining = min(last.timestamp() + spec.refresh_interval - now, spec.refresh_interval)
+        if schedule.is_due(now, now + remaining):
             return None
         target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
         if not targets.is_consistent(
@@ -189,8 +190,8 @@ class HimitsuSecretReconciler:
         ):
             return None
         mem.expect(resource_version(target))
-        mem.due = self._now().timestamp() + remaining
-        return Result(requeue_after=remaining)
+        mem.due = now + remaining
+        return self._until_due(mem)
 
     def _woken_idle(self, ctx: _Context, spec: api.Spec, mem: Memory) -> Result | None:
         """Woken before the next poll with everything as this process left it: the echo
@@ -213,9 +214,7 @@ class HimitsuSecretReconciler:
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
         ):
             return None
-        if mem.due is None:
-            return Result()
-        return Result(requeue_after=mem.due - now)
+        return self._until_due(mem)
 
     def _read_target(
         self, ctx: _Context, spec: api.Spec, mem: Memory,
@@ -354,6 +353,13 @@ class HimitsuSecretReconciler:
         interval = spec.refresh_interval if spec is not None else 0.0
         delay = failure.retry_after or schedule.backoff(mem.failures, interval)
         return Result(requeue_after=delay, error=failure.reason)
+
+    def _until_due(self, mem: Memory) -> Result:
+        """Sleep until the next poll. Only refreshInterval 0 (no poll due) forgets the key;
+        a due time already past is "poll now" (``schedule.requeue_delay``)."""
+        if mem.due is None:
+            return Result()
+        return Result(requeue_after=schedule.requeue_delay(self._now().timestamp(), mem.due))
 
     def _window(self, spec: api.Spec, mem: Memory) -> float:
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),

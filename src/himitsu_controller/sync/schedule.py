@@ -14,6 +14,9 @@ MAX_FAILURE_BACKOFF = 300.0
 JITTER = 0.1  # a poll comes up to 10% of the interval early, never late
 SHARE = 0.5  # a poll may take another reader's answer up to half an interval old
 DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
+# The shortest wait a poll that is due (or overdue) gets: "now", as a positive delay, so
+# the work queue never reads it as "forget" (see ``requeue_delay``).
+MIN_REQUEUE = 2 * DUE_SLACK
 
 
 def next_due(interval: float, *, answered: float, fraction: float) -> float | None:
@@ -41,24 +44,34 @@ def share_window(
 ) -> float:
     """How old an answer shared with other readers of the source may be (seconds).
 
-    A timed poll takes one from the last half interval, plus however late the poll runs.
-    Its next poll is then due an interval after that answer, so the target never lags
-    Himitsu by more than refreshInterval; and its own last answer, at least 90% of an
-    interval old, is never taken again. The half interval lets readers of a source whose
-    polls drifted apart (a restart, a backlog in the queue, a split group) meet on one
-    answer again instead of each asking Himitsu, exactly when the operator can least
-    afford it. A reconcile before the poll is due (a deleted or edited target, a spec
-    edit) needs the secrets, not news: any answer at least as recent as the one the
-    target holds (``answered``) is as current as the target was meant to be. Without
-    that, a Helm upgrade touching every HimitsuSecret asked Himitsu once per object and
-    met its 300/min per-client limit.
+    A timed poll takes one from the last half interval, plus however late the poll runs,
+    but never one 90% of an interval old. Its next poll is then due an interval after
+    that answer, so the target never lags Himitsu by more than refreshInterval, that next
+    poll is always ahead (an older answer would leave it due at once); and its own last
+    answer, at least 90% of an interval old, is never taken again. The half interval lets
+    readers of a source whose polls drifted apart (a restart, a backlog in the queue, a
+    split group) meet on one answer again instead of each asking Himitsu, exactly when
+    the operator can least afford it. A reconcile before the poll is due (a deleted or
+    edited target, a spec edit) needs the secrets, not news: any answer at least as
+    recent as the one the target holds (``answered``) is as current as the target was
+    meant to be. Without that, a Helm upgrade touching every HimitsuSecret asked Himitsu
+    once per object and met its 300/min per-client limit.
     """
     window = SHARE * interval
     if due is not None and is_due(now, due):
-        return window + max(0.0, now - due)
+        # A late poll takes the round's answer too, but never one so old that its next
+        # poll would be due already (at least 90% of an interval after the answer): such
+        # an answer costs a second poll at once, so the first may as well ask Himitsu.
+        return max(0.0, min(window + max(0.0, now - due), (1 - JITTER) * interval - MIN_REQUEUE))
     if answered is not None and due is not None:
         return max(window, now - answered)
     return window
+
+
+def requeue_delay(now: float, due: float) -> float:
+    """How long to wait for a poll due at ``due``: a due time in the past means "poll
+    now", never "no poll" (a delay of 0 is what controller-runtime reads as forget)."""
+    return max(MIN_REQUEUE, due - now)
 
 
 def backoff(failures: int, interval: float) -> float:
