@@ -33,6 +33,7 @@ from himitsu_controller.runtime.leaderelection import (
 )
 from himitsu_controller.runtime.manager import Manager
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
+from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.sync import polls
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="watch only this namespace (a namespaced Role then suffices); "
                         "default: all namespaces")
     p.add_argument("--workers", type=_positive_int, default=8, help="concurrent reconciles")
+    p.add_argument("--sync-period", type=_duration, default="10h", metavar="DURATION",
+                   help="every HimitsuSecret is reconciled again at least this often, as a "
+                        "safety net (controller-runtime's SyncPeriod); an object whose poll "
+                        "is not due costs nothing; 0 disables")
     le = p.add_argument_group("leader election")
     le.add_argument("--leader-elect", action="store_true",
                     help="elect a leader through a Lease; required with more than one replica")
@@ -186,6 +191,9 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     manager.add_informer(hsecs)
     manager.add_informer(secrets)
     manager.add_controller(ctrl)
+    if args.sync_period > 0:
+        manager.add_runnable(
+            "resync", Resync(hsecs.store.keys, ctrl.enqueue_after, period=args.sync_period).run)
     log.info("starting", version=__version__, namespace=args.namespace or "*",
              leader_elect=args.leader_elect, workers=workers)
     # Only reconciles (on the leader) produce Events; the recorder runs for the whole
