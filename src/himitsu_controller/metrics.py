@@ -3,13 +3,25 @@
 Labels are bounded and carry no secret material: an outcome class, a sync result, a
 Ready reason, and for the Ready gauge the HimitsuSecret's namespace and name (object
 names, as kube-state-metrics exports them). Never a token, a key name or a value.
+
+Lag has no labels at all. A source (API URL, project, environment, token hash) is the
+natural unit, but its ids are unbounded and the token hash is not for a dashboard; so
+the lateness of every timed poll goes into one histogram, and the largest lag and the
+number of lagging targets are two gauges computed at scrape time from the reconciler's
+memory (a target nobody polls any more shows there too, growing). Which object lags is
+in its Ready message.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Iterable
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from himitsu_controller.runtime.metrics import REGISTRY
 
@@ -36,6 +48,60 @@ ready = Gauge(
 )
 
 
+poll_lateness = Histogram(
+    "himitsu_poll_lateness_seconds",
+    "How long after its due time each timed poll asked for its answer (a backlog in the "
+    "work queue, Himitsu request pacing).",
+    buckets=(0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0),
+    registry=REGISTRY,
+)
+
+LagSource = Callable[[], tuple[float, int]]
+
+
+class _LagCollector(Collector):
+    """``himitsu_poll_lag_seconds`` and ``himitsu_polls_overdue`` from the reconciler at
+    scrape time. One source, the latest reconciler, held weakly (a process has one;
+    tests build many)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._source: Callable[[], LagSource | None] = lambda: None
+
+    def watch(self, source: LagSource) -> None:
+        ref: Callable[[], LagSource | None] = (
+            weakref.WeakMethod(source) if hasattr(source, "__self__")
+            else lambda: source)
+        with self._lock:
+            self._source = ref
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return self._families(0.0, 0)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            source = self._source()
+        return self._families(*(source() if source is not None else (0.0, 0)))
+
+    @staticmethod
+    def _families(lag: float, overdue: int) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                "himitsu_poll_lag_seconds",
+                "How far the target furthest behind is past its promise: seconds since its "
+                "data, from Himitsu's answer, became older than refreshInterval (0: none).",
+                value=lag),
+            GaugeMetricFamily(
+                "himitsu_polls_overdue",
+                "How many targets hold data older than their refreshInterval.",
+                value=overdue),
+        ]
+
+
+_lag = _LagCollector()
+REGISTRY.register(_lag)
+
+
 def count_request(outcome: str) -> None:
     api_requests.labels(outcome=outcome).inc()
 
@@ -55,3 +121,12 @@ def set_ready(namespace: str, name: str, is_ready: bool) -> None:
 def forget_ready(namespace: str, name: str) -> None:
     with contextlib.suppress(KeyError):
         ready.remove(namespace, name)
+
+
+def observe_lateness(seconds: float) -> None:
+    poll_lateness.observe(max(0.0, seconds))
+
+
+def report_lag(source: LagSource) -> None:
+    """Let the lag gauges read ``source`` (largest lag in seconds, targets lagging)."""
+    _lag.watch(source)

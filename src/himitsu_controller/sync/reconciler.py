@@ -46,9 +46,10 @@ class _Requeue(Exception):
     """Try again after ``delay`` and report nothing: a lost optimistic-concurrency race,
     or a Himitsu request our own per-token pacing held back."""
 
-    def __init__(self, delay: float = CONFLICT_REQUEUE) -> None:
+    def __init__(self, delay: float = CONFLICT_REQUEUE, *, paced: bool = False) -> None:
         super().__init__()
         self.delay = delay
+        self.paced = paced
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class HimitsuSecretReconciler:
         self._status = StatusWriter(kube, now=now)
         self._memory: dict[str, Memory] = {}
         self._lock = threading.Lock()
+        metrics.report_lag(self.lag)
 
     def reconcile(self, key: str) -> Result:
         namespace, _, name = key.partition("/")
@@ -98,6 +100,8 @@ class HimitsuSecretReconciler:
         except _Failure as failure:
             return self._failed(ctx, spec, failure)
         except _Requeue as requeue:
+            if requeue.paced and spec is not None:
+                self._note_overdue(ctx, spec)
             return Result(requeue_after=requeue.delay)
         except KubeError as exc:  # a read of the target or a status patch was refused
             return self._failed(ctx, spec, _Failure("WriteFailure", str(exc)))
@@ -106,6 +110,7 @@ class HimitsuSecretReconciler:
 
     def _sync(self, ctx: _Context, spec: api.Spec) -> Result:
         mem = self._remember(ctx)
+        mem.interval = spec.refresh_interval  # for the lag gauge
         deferred = self._defer_after_restart(ctx, spec, mem)
         if deferred is not None:
             return deferred
@@ -124,7 +129,10 @@ class HimitsuSecretReconciler:
             raise _Failure("TargetConflict", str(exc)) from None
         known = self._known_version(ctx, spec, target)
         result = self._fetch(ctx, spec, token, known, window=self._window(spec, mem))
-        answered = self._now().timestamp() - result.age
+        polled = self._now().timestamp()
+        answered = polled - result.age
+        if schedule.is_due(polled, mem.due):
+            metrics.observe_lateness(polled - (mem.due or polled))
         if isinstance(result, himitsu.NotModified):
             data_changed = False
             count = ctx.status.secret_count
@@ -141,6 +149,8 @@ class HimitsuSecretReconciler:
                 generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
                 data_changed=data_changed, target=spec.target.name,
                 answered_at=datetime.fromtimestamp(answered, UTC),
+                late=schedule.lag(polled, mem.answered, spec.refresh_interval),
+                interval=spec.refresh_interval,
             )
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
@@ -191,6 +201,7 @@ class HimitsuSecretReconciler:
             return None
         mem.expect(resource_version(target))
         mem.due = now + remaining
+        mem.answered = mem.due - spec.refresh_interval  # lastSyncTime: what the target holds
         return self._until_due(mem)
 
     def _woken_idle(self, ctx: _Context, spec: api.Spec, mem: Memory) -> Result | None:
@@ -267,7 +278,7 @@ class HimitsuSecretReconciler:
                 max_age=max_age,
             )
         except polls.LocallyRateLimited as exc:
-            raise _Requeue(max(0.5, exc.retry_after)) from None
+            raise _Requeue(max(0.5, exc.retry_after), paced=True) from None
         except (himitsu.Unauthorized, himitsu.Forbidden) as exc:
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
             raise _Failure("AuthenticationFailure", str(exc)) from None
@@ -360,6 +371,28 @@ class HimitsuSecretReconciler:
         if mem.due is None:
             return Result()
         return Result(requeue_after=schedule.requeue_delay(self._now().timestamp(), mem.due))
+
+    def _note_overdue(self, ctx: _Context, spec: api.Spec) -> None:
+        """A poll held back by request pacing with the target over a refreshInterval past
+        its promise: Ready's message says so (one patch: the note does not change while
+        the poll waits)."""
+        mem = self._remember(ctx)
+        now, interval = self._now().timestamp(), spec.refresh_interval
+        if schedule.lag(now, mem.answered, interval) <= interval:
+            return
+        try:
+            self._status.overdue(ctx.key, ctx.obj, target=spec.target.name,
+                                 interval=interval, generation=ctx.generation)
+        except KubeError as exc:
+            log.warning("status update failed", key=ctx.key, error=str(exc))
+
+    def lag(self) -> tuple[float, int]:
+        """The largest lag behind the promise (``schedule.lag``) and how many targets lag:
+        the ``himitsu_poll_lag_seconds`` and ``himitsu_polls_overdue`` gauges."""
+        now = self._now().timestamp()
+        with self._lock:
+            lags = [schedule.lag(now, m.answered, m.interval) for m in self._memory.values()]
+        return max(lags, default=0.0), sum(1 for lag in lags if lag > 0)
 
     def _window(self, spec: api.Spec, mem: Memory) -> float:
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),

@@ -74,6 +74,15 @@ def requeue_delay(now: float, due: float) -> float:
     return max(MIN_REQUEUE, due - now)
 
 
+def lag(now: float, answered: float | None, interval: float) -> float:
+    """How far a target is behind its promise: seconds past ``answered`` +
+    refreshInterval (the latest moment its data may date from), 0 while within it.
+    0 too with nothing synced yet or refreshInterval 0 (sync once: nothing is due)."""
+    if answered is None or interval <= 0:
+        return 0.0
+    return max(0.0, now - answered - interval)
+
+
 def backoff(failures: int, interval: float) -> float:
     """Exponential from 1 s, capped at min(refreshInterval, 5 min) but at least 1 s."""
     cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF

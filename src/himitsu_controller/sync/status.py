@@ -41,11 +41,15 @@ class StatusWriter:
     def synced(
         self, key: str, obj: Mapping[str, Any], *, version: int, secret_count: int,
         generation: int, force_sync: str | None, data_changed: bool, target: str,
-        answered_at: datetime | None = None,
+        answered_at: datetime | None = None, late: float = 0.0, interval: float = 0.0,
     ) -> None:
         """``answered_at``: when Himitsu gave the answer now in the target (a shared answer
         may be seconds old). It is the lastSyncTime, so readers of one answer record the
-        same second and, after a restart, come due together again."""
+        same second and, after a restart, come due together again.
+
+        ``late``: how far past its promise (the held answer + ``interval``) this poll ran;
+        more than an interval late is said in Ready's message, in the patch every poll
+        makes anyway (an on-time poll's message is the plain one again)."""
         previous = self._current(key, obj)
         status = dict(previous)
         status.update({
@@ -53,7 +57,10 @@ class StatusWriter:
             "lastSyncTime": self._timestamp(answered_at), "observedGeneration": generation,
         })
         status["lastForceSync"] = force_sync
-        message = f"Secret {target!r} holds {secret_count} keys at config version {version}"
+        message = _holds(target, secret_count, version)
+        if interval > 0 and late > interval:
+            message += (f"; this poll ran {api.format_duration(late)} later than "
+                        f"refreshInterval {api.format_duration(interval)} allows")
         was_ready = _ready_status(previous) == "True"
         status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
         self._write(key, obj, status)
@@ -63,6 +70,26 @@ class StatusWriter:
             ))
         elif not was_ready:
             self._event(obj, "Normal", "Synced", message)
+
+    def overdue(
+        self, key: str, obj: Mapping[str, Any], *, target: str, interval: float, generation: int,
+    ) -> None:
+        """The next poll is held back while the target is over an interval past its
+        promise: Ready (still True: the target holds its last good data) says so. The
+        message depends only on the status, so a poll waiting longer writes nothing more."""
+        previous = self._current(key, obj)
+        if _ready_status(previous) != "True":
+            return  # a failure already says why nothing is polled
+        holds = _holds(target, int(previous.get("secretCount") or 0),
+                       int(previous.get("configVersion") or 0))
+        message = (f"{holds}; polls are overdue: the last answer, from "
+                   f"{previous.get('lastSyncTime')}, is more than twice refreshInterval "
+                   f"{api.format_duration(interval)} old (Himitsu request pacing holds "
+                   "polls back)")
+        status = dict(previous)
+        status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
+        if status != previous:
+            self._write(key, obj, status)
 
     def failed(
         self, key: str, obj: Mapping[str, Any], *, reason: str, message: str, generation: int,
@@ -123,6 +150,10 @@ class StatusWriter:
 
     def _timestamp(self, at: datetime | None = None) -> str:
         return (at or self._now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _holds(target: str, secret_count: int, version: int) -> str:
+    return f"Secret {target!r} holds {secret_count} keys at config version {version}"
 
 
 def bounded(message: str) -> str:
