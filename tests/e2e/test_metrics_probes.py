@@ -70,6 +70,9 @@ def test_metrics_expose_controller_runtime_and_himitsu_series(
     assert _value(samples, "himitsu_secret_ready", namespace=ns, name=sync.name) == 1
     assert "himitsu_syncs_total" in names
     assert "himitsu_secret_writes_total" in names
+    lag = ("himitsu_poll_lag_seconds", "himitsu_polls_overdue",
+           "himitsu_poll_lateness_seconds_count")
+    assert all(n in names for n in lag), f"missing lag series: {set(lag) - names}"
 
 
 def test_health_and_readiness_probes_answer_200(default_operator: Any) -> None:
