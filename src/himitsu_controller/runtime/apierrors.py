@@ -5,15 +5,24 @@ headers, and a body can echo what we sent (Secret data); callers also need the S
 ``reason`` ("NotFound", "Conflict", "Expired") that client-go's apierrors exposes, not an
 HTTP reason phrase. ``ApiError`` carries the Status fields only; ``TransportError`` means
 no HTTP status came back at all (connect/read failure, reset, timeout).
+
+Even the Status message may quote what was refused: validation writes ``data[k]: Invalid
+value: "<the value>"``, an admission webhook's denial is free text that often quotes the
+field it disliked. So ``ApiError.message`` is redacted once, when the error is made
+(``redact_values``): every double-quoted string is replaced unless it names something
+(a resource and its object name, a user, a namespace, a webhook) or lists the values a
+field supports. The status, the reason, the field paths and the apiserver's explanation
+stay; a value of the object never does.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ApiError", "TransportError", "describe_exception"]
+__all__ = ["ApiError", "TransportError", "describe_exception", "redact_values"]
 
 # What client-go's apierrors reports when the body is not a Status object.
 _REASON_BY_STATUS = {
@@ -23,6 +32,20 @@ _REASON_BY_STATUS = {
     429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
 }
 _MAX_MESSAGE = 1000
+REDACTED = '"[redacted]"'
+
+# A Go %q string (backslash escapes); no closing quote: the text was cut inside it.
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*(?P<close>")?', re.DOTALL)
+# What may precede a quoted string that names something rather than holding a value:
+# `secrets "app" is forbidden`, `Secret "app" is invalid`, `leases.coordination.k8s.io
+# "x"`, `User "system:serviceaccount:..."`, `resource "secrets" in API group ""`, `in the
+# namespace "apps"`, `admission webhook "deny.example.com" denied the request`.
+_NAMING = re.compile(
+    r"(?:^|[\s\[(,])(?:(?:secrets|Secret|events|Event|leases|Lease|namespaces|Namespace"
+    r"|serviceaccounts|ServiceAccount|himitsusecrets|HimitsuSecret)(?:\.[a-z0-9.-]+)?"
+    r"|User|user|resource|group|namespace|webhook|serviceaccount) $")
+# `Unsupported value: "x": supported values: "a", "b"`: the schema's own constants.
+_SUPPORTED = re.compile(r'supported values: (?:"(?:[^"\\]|\\.)*", )*$')
 
 
 class TransportError(Exception):
@@ -32,12 +55,13 @@ class TransportError(Exception):
 class ApiError(Exception):
     """A non-2xx answer from the apiserver, described by its Status object.
 
-    ``message`` comes from the Status object only, never from the request body, so it
-    cannot echo the data we sent (Secret values).
+    ``message`` comes from the Status object only, never from the request body, and is
+    redacted (``redact_values``), so it cannot echo the data we sent (Secret values).
     """
 
     def __init__(self, status: int, reason: str, message: str, *,
                  retry_after: float | None = None) -> None:
+        message = redact_values(message[:_MAX_MESSAGE])[:_MAX_MESSAGE]
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
@@ -57,7 +81,7 @@ class ApiError(Exception):
             reason = str(decoded.get("reason") or reason)
             message = str(decoded.get("message") or message)
         retry_after = _parse_retry_after((headers or {}).get("Retry-After"))
-        return cls(status, reason, message[:_MAX_MESSAGE], retry_after=retry_after)
+        return cls(status, reason, message, retry_after=retry_after)
 
     @classmethod
     def from_status(cls, status_object: Mapping[str, Any]) -> ApiError:
@@ -65,7 +89,28 @@ class ApiError(Exception):
         code = int(status_object.get("code") or 500)
         reason = str(status_object.get("reason") or _REASON_BY_STATUS.get(code, "Unknown"))
         message = str(status_object.get("message") or f"watch error {code}")
-        return cls(code, reason, message[:_MAX_MESSAGE])
+        return cls(code, reason, message)
+
+
+def redact_values(message: str) -> str:
+    """``message`` with every double-quoted string that may be a value replaced.
+
+    Kept: a quoted string right after a resource or kind (the object's name), ``User``,
+    ``resource``, ``group``, ``namespace`` or ``webhook``, and the list after ``supported
+    values:``. Everything else quoted (``Invalid value: "..."``, ``Duplicate value``,
+    ``Not found``, whatever a webhook quotes) becomes ``"[redacted]"``, and so does the
+    rest of a message cut inside a quote.
+    """
+    out: list[str] = []
+    end = 0
+    for match in _QUOTED.finditer(message):
+        head = message[:match.start()]
+        kept = match.group("close") is not None and (
+            _NAMING.search(head) is not None or _SUPPORTED.search(head) is not None)
+        out += [message[end:match.start()], match.group() if kept else REDACTED]
+        end = match.end()
+    out.append(message[end:])
+    return "".join(out)
 
 
 def _parse_retry_after(value: str | None) -> float | None:
