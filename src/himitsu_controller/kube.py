@@ -138,6 +138,24 @@ class KubeClient:
                 raise Conflict(f"Secret {name!r} already exists", status=409) from None
             raise _kube_error(exc, f"creating Secret {name!r}") from None
 
+    def dry_run_create_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        """Ask the apiserver whether it would create ``body`` (``?dryRun=All``: admission
+        and validation run, nothing is stored; the ``create`` verb, nothing more).
+
+        Under the Secret's real name, so admission sees what the real create will send.
+        While the old Secret of that name exists the answer is 409 AlreadyExists, which
+        the apiserver only gives after mutating admission, validation and validating
+        admission have all accepted the object: the replacement would be created.
+        """
+        name = body["metadata"]["name"]
+        try:
+            self._request("POST", SECRETS.path(namespace), query={"dryRun": "All"},
+                          body=_without_server_fields(body))
+        except ApiError as exc:
+            if exc.status == 409 and exc.reason == "AlreadyExists":
+                return
+            raise _kube_error(exc, f"checking a new Secret {name!r} (dry run)") from None
+
     def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = body["metadata"]["name"]
         try:

@@ -38,7 +38,7 @@ syncs = Counter(
 )
 secret_writes = Counter(
     "himitsu_secret_writes",
-    "Writes of target Secrets by operation (create, update).",
+    "Writes of target Secrets by operation (create, update, delete: a type change).",
     ["operation"], registry=REGISTRY,
 )
 ready = Gauge(

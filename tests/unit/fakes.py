@@ -2,7 +2,9 @@
 
 `FakeKube` behaves like a tiny apiserver behind an informer: objects get a uid and a
 resourceVersion that grows on every write, an update carrying a stale resourceVersion
-gets a 409, a delete honours its uid precondition, a status patch is a JSON merge patch.
+gets a 409, a delete honours its uid precondition, a status patch is a JSON merge patch,
+and a Secret a real apiserver would refuse (a well-known type without its required keys,
+over the size limits) gets its 422, dry run (``?dryRun=All``) included.
 Reads can be served from a deliberately stale "cache" (`freeze_cache`) while a fresh
 read sees the truth, which is exactly the informer lag the reconciler's expectations
 must survive. Every call is counted, and any call can be made to fail once.
@@ -18,6 +20,7 @@ import base64
 import contextlib
 import copy
 import itertools
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -69,6 +72,7 @@ class FakeKube:
         self.events: list[RecordedEvent] = []
         self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
         self.calls: Counter[str] = Counter()
+        self.order: list[str] = []  # every call, in order
         self.forgotten: list[Key] = []
         # Exceptions to raise from the next call of a method (one per entry).
         self.fail_next: dict[str, list[Exception]] = {}
@@ -132,6 +136,7 @@ class FakeKube:
 
     def _maybe_fail(self, method: str) -> None:
         self.calls[method] += 1
+        self.order.append(method)
         pending = self.fail_next.get(method)
         if pending:
             raise pending.pop(0)
@@ -175,6 +180,7 @@ class FakeKube:
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         self._maybe_fail("create_secret")
         name = body["metadata"]["name"]
+        _validate(body)
         if (namespace, name) in self.secrets:
             raise Conflict(f"Secret {name!r} already exists", status=409)
         stored = copy.deepcopy(body)
@@ -184,6 +190,12 @@ class FakeKube:
         stored["metadata"]["resourceVersion"] = str(next(self._rv))
         self.secrets[(namespace, name)] = stored
         return copy.deepcopy(stored)
+
+    def dry_run_create_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        """Validation as the apiserver's: a 422 first, then 409 AlreadyExists (read by
+        the adapter as "would be created": kube.py), and nothing is stored."""
+        self._maybe_fail("dry_run_create_secret")
+        _validate(body)
 
     def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         self._maybe_fail("update_secret")
@@ -196,6 +208,7 @@ class FakeKube:
         if body.get("type", "Opaque") != current.get("type", "Opaque"):
             raise KubeError(f"updating Secret {name!r} failed: 422 Invalid: type is immutable",
                             status=422)
+        _validate(body)
         stored = copy.deepcopy(body)
         stored["metadata"]["uid"] = current["metadata"]["uid"]
         stored["metadata"]["resourceVersion"] = str(next(self._rv))
@@ -227,6 +240,49 @@ class FakeKube:
             namespace=str(meta.get("namespace")), name=str(meta.get("name")),
             type=type, reason=reason, message=message,
         ))
+
+
+# What kube-apiserver's ValidateSecret requires of each well-known type (checked on the
+# local control plane): every key of the tuple, or one of them for basic-auth.
+_REQUIRED_ALL = {"kubernetes.io/tls": ("tls.crt", "tls.key"),
+                 "kubernetes.io/ssh-auth": ("ssh-privatekey",),
+                 "kubernetes.io/dockercfg": (".dockercfg",),
+                 "kubernetes.io/dockerconfigjson": (".dockerconfigjson",)}
+_JSON_KEY = {"kubernetes.io/dockercfg": ".dockercfg",
+             "kubernetes.io/dockerconfigjson": ".dockerconfigjson"}
+
+
+def _validate(body: Mapping[str, Any]) -> None:
+    """Raise the 422 the apiserver would answer to this Secret (field paths, no values)."""
+    data = body.get("data") or {}
+    meta = body.get("metadata") or {}
+    kind = body.get("type", "Opaque")
+    missing = [k for k in _REQUIRED_ALL.get(kind, ()) if k not in data]
+    if kind == "kubernetes.io/ssh-auth" and not data.get("ssh-privatekey"):
+        missing = ["ssh-privatekey"]
+    if kind == "kubernetes.io/basic-auth" and not {"username", "password"} & set(data):
+        missing = ["username", "password"]
+    fields = [f"data[{k}]: Required value" for k in missing]
+    if (kind == "kubernetes.io/service-account-token"
+            and not (meta.get("annotations") or {}).get("kubernetes.io/service-account.name")):
+        fields.append("metadata.annotations[kubernetes.io/service-account.name]: Required value")
+    json_key = _JSON_KEY.get(kind)
+    if json_key is not None and json_key in data:
+        try:  # json.Unmarshal into a map: an object, or null
+            ok = isinstance(json.loads(base64.b64decode(data[json_key])), dict | None)
+        except ValueError:
+            ok = False
+        if not ok:
+            fields.append(f'data[{json_key}]: Invalid value: "<secret contents redacted>"')
+    if sum(len(base64.b64decode(v)) for v in data.values()) > 1024 * 1024:
+        fields.append("data: Too long: may not be more than 1048576 bytes")
+    annotations = meta.get("annotations") or {}
+    if sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items()) > 256 * 1024:
+        fields.append("metadata.annotations: Too long: may not be more than 262144 bytes")
+    if fields:
+        name = meta.get("name", "")
+        raise KubeError(f"Secret {name!r} failed: 422 Invalid: " + ", ".join(fields),
+                        status=422, reason="Invalid")
 
 
 @dataclass(frozen=True)

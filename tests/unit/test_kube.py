@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ class Sent:
     path: str
     body: Any
     content_type: str | None
+    query: Any = None
 
 
 class RecordingRest:
@@ -48,7 +50,7 @@ class RecordingRest:
     def request(self, method: str, path: str, *, query: Any = None, body: Any = None,
                 content_type: str | None = None, timeout: float = 30.0,
                 verb: str | None = None) -> dict[str, Any]:
-        self.sent.append(Sent(method, path, body, content_type))
+        self.sent.append(Sent(method, path, body, content_type, query))
         queue = self.answers.get((method, path))
         if not queue:
             raise AssertionError(f"unexpected {method} {path}")
@@ -251,6 +253,34 @@ def test_create_conflict(h: Harness) -> None:
         h.client.create_secret("apps", secret())
 
 
+def test_dry_run_create_is_a_create_with_dry_run_all_under_the_real_name(h: Harness) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", secret(A="1"))
+    h.client.dry_run_create_secret("apps", secret(A="1"))  # no error: it would be created
+    (sent,) = h.rest.sent
+    assert sent.query == {"dryRun": "All"}
+    assert sent.body["metadata"] == {"namespace": "apps", "name": "app-secrets"}
+
+
+def test_dry_run_already_exists_means_admission_and_validation_passed(h: Harness) -> None:
+    # The apiserver validates (422) and admits before it looks for the name (409): on
+    # kube-apiserver 1.36 a dry-run create of an existing name answers 422 for bad data
+    # and AlreadyExists for good data.
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets",
+                  ApiError(409, "AlreadyExists", 'secrets "app-secrets" already exists'))
+    h.client.dry_run_create_secret("apps", secret())
+
+
+@pytest.mark.parametrize(("status", "reason"), [
+    (422, "Invalid"), (403, "Forbidden"), (400, "BadRequest"), (409, "Conflict")])
+def test_a_refused_dry_run_is_a_kube_error(h: Harness, status: int, reason: str) -> None:
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", ApiError(status, reason, "no"))
+    with pytest.raises(KubeError) as info:
+        h.client.dry_run_create_secret("apps", secret())
+    assert not isinstance(info.value, Conflict)
+    assert (info.value.status, info.value.reason) == (status, reason)
+    assert "dry run" in str(info.value)
+
+
 def test_update_is_conditional_on_the_resource_version(h: Harness) -> None:
     h.rest.answer("PUT", SECRET_PATH, secret(A="2"))
     h.client.update_secret("apps", secret(A="2"))
@@ -304,6 +334,52 @@ def test_only_denials_and_validation_errors_show_the_apiserver_message(
     assert ("APISERVER-TEXT" in str(info.value)) is shown
     if status != 409:
         assert str(info.value).startswith(f"creating Secret 'app-secrets' failed: {status} ")
+
+
+CANARY = "Q2FuYXJ5VmFsdWUtN2YzYQ=="  # what a Secret value looks like on the wire
+
+
+@pytest.mark.parametrize("message", [
+    # Validation quotes the value it refused (real kube-apiserver 1.36 messages).
+    f'Secret "app-secrets" is invalid: metadata.labels: Invalid value: "{CANARY}": a valid '
+    "label must be an empty string or consist of alphanumeric characters",
+    f'Secret "app-secrets" is invalid: [data[A]: Invalid value: "{CANARY}", '
+    f'metadata.annotations: Duplicate value: "{CANARY}"]',
+    f'spec.x: Unsupported value: "{CANARY}": supported values: "a", "b"',
+    # Admission webhooks write free text, quoting what they disliked.
+    f'admission webhook "policy.example.com" denied the request: value "{CANARY}" of key '
+    '"A" is not allowed',
+    # A message cut inside a quote.
+    f'data[A]: Invalid value: "{CANARY}',
+    f'x: Invalid value: map[string]string{{"A":"{CANARY}"}}: bad',
+])
+@pytest.mark.parametrize("status", [422, 403])
+def test_canary_quoted_values_never_reach_a_kube_error(
+    h: Harness, message: str, status: int,
+) -> None:
+    body = json.dumps({"kind": "Status", "code": status, "reason": "Invalid",
+                       "message": message}).encode()
+    h.rest.answer("PUT", SECRET_PATH, ApiError.from_response(status, body))
+    with pytest.raises(KubeError) as info:
+        h.client.update_secret("apps", secret())
+    shown = str(info.value)
+    assert CANARY not in shown and CANARY[:12] not in shown
+    assert CANARY not in repr(info.value.__cause__) and info.value.__suppress_context__
+    assert shown.startswith(f"updating Secret 'app-secrets' failed: {status} Invalid: ")
+    # What the user needs stays: the field path, the webhook, the explanation.
+    for kept in ("metadata.labels", "data[A]", "policy.example.com", "supported values"):
+        if kept in message:
+            assert kept in shown
+
+
+def test_names_users_and_resources_stay_in_a_denial(h: Harness) -> None:
+    message = ('secrets "app-secrets" is forbidden: User "system:serviceaccount:himitsu-'
+               'system:himitsu-operator" cannot update resource "secrets" in API group "" '
+               'in the namespace "apps"')
+    h.rest.answer("PUT", SECRET_PATH, ApiError(403, "Forbidden", message))
+    with pytest.raises(KubeError) as info:
+        h.client.update_secret("apps", secret())
+    assert str(info.value).endswith(message)
 
 
 def test_long_apiserver_messages_are_cut(h: Harness) -> None:

@@ -23,9 +23,9 @@ import structlog
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import allowlist, polls, render, schedule, targets
-from himitsu_controller.sync.expectations import Memory, resource_version, uid_of
-from himitsu_controller.sync.ports import Conflict, Fetcher, Kube, KubeError
+from himitsu_controller.sync import allowlist, polls, render, schedule, targets, writes
+from himitsu_controller.sync.expectations import Memory, resource_version
+from himitsu_controller.sync.ports import Fetcher, Kube, KubeError
 from himitsu_controller.sync.status import StatusWriter
 from himitsu_controller.sync.tokens import TokenError, TokenReader
 
@@ -307,44 +307,21 @@ class HimitsuSecretReconciler:
         self, ctx: _Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
         rendered: dict[str, str], version: int,
     ) -> bool:
-        ns = ctx.owner.namespace
         try:
-            desired = targets.desired_secret(
-                target, owner=ctx.owner, spec=spec, rendered=rendered, version=version)
-        except targets.TargetConflict as exc:
-            raise _Failure("TargetConflict", str(exc)) from None
-        try:
-            if target is not None and target.get("type", "Opaque") != spec.target.type:
-                if spec.target.creation_policy == "Merge":
-                    raise _Failure("InvalidSpec", (
-                        f"target.type {spec.target.type!r} differs from the existing Secret's type "
-                        f"{target.get('type', 'Opaque')!r}; Secret types are immutable and a Merge "
-                        "target is not ours to recreate"
-                    ))
-                self._kube.delete_secret(ns, spec.target.name, uid=uid_of(target))
-                target = None
-                desired = targets.desired_secret(
-                    None, owner=ctx.owner, spec=spec, rendered=rendered, version=version)
-            data_changed = True
-            if target is None:
-                written = self._kube.create_secret(ns, desired)
-                metrics.count_write("create")
-            elif targets.same_content(target, desired):
-                mem.expect(resource_version(target))
-                return False
-            else:
-                data_changed = (target.get("data") or {}) != desired["data"]
-                written = self._kube.update_secret(ns, desired)
-                metrics.count_write("update")
-        except Conflict:
+            done = writes.write(self._kube, owner=ctx.owner, spec=spec, target=target,
+                                rendered=rendered, version=version)
+        except writes.Refused as exc:
+            raise _Failure(exc.reason, exc.message) from None
+        except writes.Raced as exc:
             mem.expect(None)
-            mem.read_live = mem.read_live or target is None
+            mem.read_live = mem.read_live or exc.creating
             raise _Requeue() from None
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
-        mem.expect(resource_version(written))
-        mem.read_live = False
-        return data_changed
+        mem.expect(resource_version(done.secret))
+        if done.wrote:
+            mem.read_live = False
+        return done.data_changed
 
     # -- failures and timing ----------------------------------------------------------
 

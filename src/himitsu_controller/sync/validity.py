@@ -1,0 +1,148 @@
+"""What the apiserver would refuse in a target Secret, checked before anything is written.
+
+The apiserver validates a Secret against its type (``ValidateSecret``: a
+``kubernetes.io/tls`` Secret needs ``tls.crt`` and ``tls.key``, and so on) and against
+two size limits: 1 MiB for the values of ``data`` together, 256 KiB for all annotations
+together (keys and values). Its refusal is a raw 422 that says nothing of where the keys
+come from; worse, for a type change it would come after the old Secret was deleted.
+Checking here turns each of them into ``InvalidSpec`` naming the key or the sizes (never
+a value) while the target is still untouched. The rules were checked against
+kube-apiserver 1.36 on the local control plane; the reconcile still dry-runs a
+replacement on the apiserver itself (admission webhooks have rules of their own).
+
+``kubernetes.io/service-account-token`` is refused outright: Kubernetes' token
+controller writes such Secrets (the token, ``ca.crt``, ``namespace``) and deletes them
+with their ServiceAccount, so the operator could only fight it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from himitsu_controller import api
+from himitsu_controller.sync.render import MAX_SECRET_BYTES
+
+__all__ = ["MAX_ANNOTATION_BYTES", "Unwritable", "check"]
+
+MAX_ANNOTATION_BYTES = 256 * 1024  # apimachinery's TotalAnnotationSizeLimitB
+
+SERVICE_ACCOUNT_TOKEN = "kubernetes.io/service-account-token"  # noqa: S105 (a type name)
+_REQUIRED = {  # type -> data keys that must all be present
+    "kubernetes.io/tls": ("tls.crt", "tls.key"),
+    "kubernetes.io/ssh-auth": ("ssh-privatekey",),  # and not empty
+    "kubernetes.io/dockercfg": (".dockercfg",),  # and a JSON object
+    "kubernetes.io/dockerconfigjson": (".dockerconfigjson",),  # and a JSON object
+}
+_ONE_OF = {"kubernetes.io/basic-auth": ("username", "password")}
+_JSON_KEYS = frozenset({".dockercfg", ".dockerconfigjson"})
+_NAMED = 3  # keys named in a message
+
+
+class Unwritable(ValueError):
+    """The apiserver would refuse this Secret; the message names keys and sizes only."""
+
+
+def check(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
+    """Raise Unwritable when the apiserver would refuse ``secret`` (a full Secret body).
+
+    ``ours`` are the data keys rendered from Himitsu (the rest of a Merge target's keys
+    are someone else's), for the size message.
+    """
+    _check_type(secret)
+    _check_sizes(secret, ours=ours)
+
+
+def _check_type(secret: Mapping[str, Any]) -> None:
+    kind = str(secret.get("type") or "Opaque")
+    data: Mapping[str, str] = secret.get("data") or {}
+    name = _name(secret)
+    if kind == SERVICE_ACCOUNT_TOKEN:
+        raise Unwritable(
+            f"target.type {kind!r} is not supported: Kubernetes' token controller writes "
+            "such Secrets and deletes them with their ServiceAccount; use Opaque")
+    if kind in _ONE_OF and not set(_ONE_OF[kind]) & set(data):
+        wanted = " or ".join(repr(k) for k in _ONE_OF[kind])
+        raise Unwritable(
+            f"target.type {kind!r} needs data key {wanted}, which Secret {name!r} would "
+            f"not hold ({_held(data)}); {_HINT}")
+    required = _REQUIRED.get(kind, ())
+    missing = [k for k in required if k not in data]
+    if kind == "kubernetes.io/ssh-auth" and not missing and not data["ssh-privatekey"]:
+        raise Unwritable(f"target.type {kind!r} needs a non-empty data key 'ssh-privatekey'; "
+                         f"it would be empty in Secret {name!r}")
+    if missing:
+        needs = ("data keys " if len(required) > 1 else "data key ") + " and ".join(
+            repr(k) for k in required)
+        lacks = ", ".join(repr(k) for k in missing)
+        raise Unwritable(
+            f"target.type {kind!r} needs {needs}; Secret {name!r} would lack "
+            f"{lacks} ({_held(data)}); {_HINT}")
+    for key in _JSON_KEYS.intersection(required):
+        if not _json_object(data[key]):
+            raise Unwritable(f"target.type {kind!r} needs data key {key!r} to hold a JSON "
+                             f"object; in Secret {name!r} it would not")
+
+
+_HINT = ("name the Himitsu keys so the template renders these data keys (KeyValue writes "
+         "each Himitsu key as it is), or choose another target.type")
+
+
+def _check_sizes(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
+    data: Mapping[str, str] = secret.get("data") or {}
+    sizes = {k: _decoded_size(v) for k, v in data.items()}
+    total = sum(sizes.values())
+    name = _name(secret)
+    if total > MAX_SECRET_BYTES:
+        foreign = sum(n for k, n in sizes.items() if k not in ours)
+        raise Unwritable(
+            f"Secret {name!r} would hold {total} bytes of data ({total - foreign} from "
+            f"Himitsu, {foreign} in keys himitsu-operator does not manage), over the "
+            f"1 MiB ({MAX_SECRET_BYTES} bytes) Kubernetes Secret limit")
+    annotations: Mapping[str, str] = (secret.get("metadata") or {}).get("annotations") or {}
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+    if size > MAX_ANNOTATION_BYTES:
+        record = annotations.get(api.ANN_MANAGED_KEYS)
+        of_which = "" if record is None else (
+            f", {len(api.ANN_MANAGED_KEYS) + len(record.encode())} of them the "
+            f"{api.ANN_MANAGED_KEYS} record of {len(ours)} key names (a Dotenv or Json "
+            "template writes one key)")
+        raise Unwritable(
+            f"the annotations of Secret {name!r} would total {size} bytes{of_which}, over "
+            f"the 256 KiB ({MAX_ANNOTATION_BYTES} bytes) Kubernetes limit for all "
+            "annotations together")
+
+
+def _held(data: Mapping[str, str]) -> str:
+    if not data:
+        return "it would hold no keys"
+    ordered = sorted(data)
+    shown = ", ".join(_short(k) for k in ordered[:_NAMED])
+    more = f" and {len(ordered) - _NAMED} more" if len(ordered) > _NAMED else ""
+    return f"it would hold {shown}{more}"
+
+
+def _short(key: str) -> str:
+    return repr(key[:64]) + ("..." if len(key) > 64 else "")
+
+
+def _name(secret: Mapping[str, Any]) -> str:
+    return str((secret.get("metadata") or {}).get("name", ""))
+
+
+def _decoded_size(value: str) -> int:
+    try:
+        return len(base64.b64decode(value, validate=True))
+    except (binascii.Error, ValueError):
+        return len(value)  # not ours to judge; the apiserver will say
+
+
+def _json_object(value: str) -> bool:
+    # The apiserver unmarshals into a Go map: an object, or null.
+    try:
+        return isinstance(json.loads(base64.b64decode(value, validate=True)), dict | None)
+    except ValueError:  # binascii.Error, UnicodeDecodeError, JSONDecodeError
+        return False

@@ -1,0 +1,62 @@
+"""Tests for validity.py: the apiserver's Secret rules, checked locally, at their edges.
+
+Each edge was tried on kube-apiserver 1.36 (the local control plane): 1 MiB of values is
+accepted and one byte more refused, likewise 256 KiB of annotations (keys count too),
+``null`` is a valid ``.dockerconfigjson`` (Go unmarshals it into a nil map), an empty
+``tls.key`` is accepted (only its presence is checked) while an empty
+``ssh-privatekey`` is not.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from himitsu_controller.sync import validity
+
+
+def secret(kind: str = "Opaque", annotations: dict[str, str] | None = None,
+           **data: bytes) -> dict[str, Any]:
+    return {"type": kind, "metadata": {"name": "app-secrets", "annotations": annotations or {}},
+            "data": {k.replace("_", "."): base64.b64encode(v).decode() for k, v in data.items()}}
+
+
+def refused(body: dict[str, Any]) -> str | None:
+    try:
+        validity.check(body, ours=body["data"])
+    except validity.Unwritable as exc:
+        return str(exc)
+    return None
+
+
+def test_data_limit_is_the_sum_of_decoded_values() -> None:
+    assert refused(secret(a=b"x" * (1024 * 1024 - 1), b=b"y")) is None
+    message = refused(secret(a=b"x" * (1024 * 1024), b=b"y"))
+    assert message is not None and "1048577 bytes" in message
+
+
+def test_annotation_limit_counts_keys_and_values() -> None:
+    assert refused(secret(annotations={"k": "v" * (256 * 1024 - 1)})) is None
+    message = refused(secret(annotations={"kk": "v" * (256 * 1024 - 1)}))
+    assert message is not None and "262145 bytes" in message
+
+
+@pytest.mark.parametrize(("kind", "body", "ok"), [
+    ("kubernetes.io/tls", {"tls_crt": b"", "tls_key": b""}, True),
+    ("kubernetes.io/tls", {"tls_crt": b"c"}, False),
+    ("kubernetes.io/ssh-auth", {"ssh-privatekey": b""}, False),
+    ("kubernetes.io/basic-auth", {"username": b""}, True),
+    ("kubernetes.io/basic-auth", {}, False),
+    ("kubernetes.io/dockerconfigjson", {".dockerconfigjson": b"null"}, True),
+    ("kubernetes.io/dockerconfigjson", {".dockerconfigjson": b"[]"}, False),
+    ("kubernetes.io/dockercfg", {".dockercfg": b"{}"}, True),
+    ("kubernetes.io/dockercfg", {".dockercfg": b"\xff"}, False),
+    ("kubernetes.io/service-account-token", {"token": b"t"}, False),
+    ("example.com/anything", {}, True),
+    ("Opaque", {}, True),
+])
+def test_type_rules(kind: str, body: dict[str, bytes], ok: bool) -> None:
+    data = {k.replace("_", "."): base64.b64encode(v).decode() for k, v in body.items()}
+    assert (refused({"type": kind, "metadata": {"name": "s"}, "data": data}) is None) is ok
