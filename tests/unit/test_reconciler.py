@@ -87,16 +87,23 @@ def test_deleted_target_forces_a_full_fetch_and_is_restored(world: World) -> Non
     assert world.data() == values()
 
 
-def test_a_deleted_owner_target_is_recreated_without_reading_it_first(world: World) -> None:
-    # The informer holds every Owner target we may write (they carry our label): once it
-    # has shown our write (its watch event woke us), a miss is a deleted Secret, and a
-    # GET would only say 404.
+def test_a_first_owner_target_is_created_without_reading_it_first(world: World) -> None:
+    # A HimitsuSecret that never wrote a target has none among the labelled Secrets the
+    # informer holds, and a GET would only say 404.
+    world.sync(5)
+    assert world.kube.calls["get_secret"] == world.kube.calls["get_secret_fresh"] == 0
+    assert world.kube.calls["create_secret"] == 1
+
+
+def test_a_deleted_owner_target_costs_one_direct_read_then_a_create(world: World) -> None:
+    # Missing from the informer once it has shown our write: deleted, or only unlabelled
+    # (the informer watches labelled Secrets). One direct read tells which.
     world.sync(5)
     world.reconcile()  # the echo of our create: nothing to do
     del world.kube.secrets[(NS, TARGET)]
     world.kube.calls.clear()
     world.sync(5)
-    assert world.kube.calls["get_secret"] == world.kube.calls["get_secret_fresh"] == 0
+    assert world.kube.calls["get_secret_fresh"] == 1
     assert world.kube.calls["create_secret"] == 1
     assert world.data() == values()
 
@@ -346,6 +353,69 @@ def test_policy_switch_merge_to_owner_never_wipes_a_foreign_secret() -> None:
 
 
 # --- TargetConflict between HimitsuSecrets ----------------------------------------------
+
+
+# --- our own target stays ours ----------------------------------------------------------
+
+
+def _prune_metadata(world: World) -> None:
+    """A GitOps tool's prune: our labels and annotations go, the ownerReference stays.
+    The informer watches only labelled Secrets, so for it the target is gone."""
+    meta = world.target()["metadata"]
+    meta.pop("labels")
+    meta.pop("annotations")
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+    assert world.kube.get_secret(NS, TARGET, cached=True) is None
+
+
+def test_a_pruned_owner_target_is_relabelled_in_place_not_created_over() -> None:
+    world = World(template={"labels": {"team": "a"}, "annotations": {"note": "n"}})
+    world.sync(5)
+    world.reconcile()  # the echo of our create
+    before = world.target()
+    _prune_metadata(world)
+    world.kube.calls.clear()
+
+    world.sync(5)
+
+    after = world.target()
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    for part in ("labels", "annotations", "ownerReferences"):
+        assert after["metadata"][part] == before["metadata"][part], part
+    assert after["data"] == before["data"]
+    assert world.kube.calls["create_secret"] == 0, "created over our own Secret (409)"
+    assert world.kube.calls["update_secret"] == 1
+    assert world.ready()["reason"] == "Synced"
+    assert [e.reason for e in world.kube.events] == ["Synced"]  # no TargetConflict
+
+
+def test_a_target_pruned_while_the_operator_was_down_is_relabelled(world: World) -> None:
+    world.sync(5)
+    _prune_metadata(world)
+    world.restart()
+    world.kube.calls.clear()
+    world.sync(5)
+    assert world.kube.calls["create_secret"] == 0
+    assert world.target()["metadata"]["labels"][api.LABEL_MANAGED] == "true"
+    assert world.ready()["reason"] == "Synced"
+
+
+@pytest.mark.parametrize("removed", ["ownerReferences", "labels|team", "annotations|note"])
+def test_removed_metadata_of_ours_is_put_back_by_a_full_fetch(removed: str) -> None:
+    # A conditional request would get 304 and confirm the Secret as it is: a removed
+    # controller reference would leave it to outlive its HimitsuSecret.
+    world = World(template={"labels": {"team": "a"}, "annotations": {"note": "n"}})
+    world.sync(5)
+    before = world.target()
+    meta = world.target()["metadata"]
+    part, _, key = removed.partition("|")
+    (meta[part] if key else meta).pop(key or part)
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+
+    world.sync(5)
+
+    assert world.fetcher.known_versions == [None, None]
+    assert world.target()["metadata"][part] == before["metadata"][part]
 
 
 def test_target_owned_by_another_existing_himitsu_secret(world: World) -> None:

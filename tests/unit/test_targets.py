@@ -104,6 +104,39 @@ def test_our_own_target_is_ours() -> None:
                             himitsu_secret_exists=always_exists)
 
 
+def _pruned(secret: dict[str, Any]) -> dict[str, Any]:
+    """What a GitOps tool's prune leaves: no labels, no annotations (the ownerReference
+    stays: it is not in the tool's manifests either, but tools leave it alone)."""
+    out = copy.deepcopy(secret)
+    out["metadata"].pop("labels", None)
+    out["metadata"].pop("annotations", None)
+    return out
+
+
+def test_our_controller_reference_keeps_a_pruned_target_ours() -> None:
+    ours = _pruned(written(make_spec()))
+    for policy in api.POLICIES:
+        targets.check_ownership(ours, owner=OWNER, policy=policy,
+                                himitsu_secret_exists=always_exists)
+
+
+def test_our_uid_outranks_an_owned_by_annotation_naming_another() -> None:
+    ours = written(make_spec())
+    ours["metadata"]["annotations"][api.ANN_OWNED_BY] = "other"
+    targets.check_ownership(ours, owner=OWNER, policy="Owner",
+                            himitsu_secret_exists=always_exists)
+
+
+def test_a_pruned_target_of_another_himitsu_secret_uid_is_not_ours() -> None:
+    # Same name, but a HimitsuSecret deleted and recreated has a new uid: the old
+    # object's target is not this one's (it is being garbage-collected).
+    theirs = _pruned(written(make_spec()))
+    theirs["metadata"]["ownerReferences"][0]["uid"] = "uid-of-an-earlier-app-config"
+    with pytest.raises(targets.TargetConflict):
+        targets.check_ownership(theirs, owner=OWNER, policy="Owner",
+                                himitsu_secret_exists=never_exists)
+
+
 def test_owner_never_adopts_a_secret_it_did_not_create() -> None:
     with pytest.raises(targets.TargetConflict) as info:
         targets.check_ownership(foreign_secret({"A": "x"}), owner=OWNER, policy="Owner",
@@ -308,7 +341,7 @@ def _edit(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     node = out
     *parents, last = path.split("|")
     for part in parents:
-        node = node[part]
+        node = node[int(part)] if isinstance(node, list) else node[part]
     if value is None:
         node.pop(last, None)
     else:
@@ -328,12 +361,47 @@ def _edit(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("deleted key", "data|A", None),
         ("added key", "data|EXTRA", b64("x")),
         ("other type", "type", "kubernetes.io/tls"),
+        # What a GitOps prune or a hand edit of the metadata does: each is put back.
+        ("no ownerReference", "metadata|ownerReferences", None),
+        ("no controller flag", "metadata|ownerReferences|0|controller", None),
+        ("another owner uid", "metadata|ownerReferences|0|uid", "uid-2"),
+        ("no managed-by label", f"metadata|labels|{api.LABEL_MANAGED_BY}", None),
+        ("no template label", "metadata|labels|team", None),
+        ("edited template label", "metadata|labels|team", "b"),
+        ("no template annotation", "metadata|annotations|note", None),
+        ("no project annotation", f"metadata|annotations|{api.ANN_PROJECT_ID}", None),
+        ("no environment annotation", f"metadata|annotations|{api.ANN_ENVIRONMENT_ID}", None),
+        ("no owned-by", f"metadata|annotations|{api.ANN_OWNED_BY}", None),
     ],
 )
 def test_owner_target_inconsistent(name: str, path: str, value: Any) -> None:
-    spec = make_spec()
-    body = _edit(written(spec), path, value)
+    spec = make_spec(labels={"team": "a"}, annotations={"note": "n"})
+    body = written(spec)
+    assert targets.is_consistent(body, owner=OWNER, spec=spec, version=5)
+    body = _edit(body, path, value)
     assert not targets.is_consistent(body, owner=OWNER, spec=spec, version=5), name
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (f"metadata|labels|{api.LABEL_MANAGED}", None),
+    ("metadata|labels|team", None),
+    ("metadata|annotations|note", None),
+])
+def test_merge_target_with_pruned_metadata_is_inconsistent(path: str, value: Any) -> None:
+    spec = make_spec(policy="Merge", labels={"team": "a"}, annotations={"note": "n"})
+    body = written(spec, existing=foreign_secret({"HELM_KEY": "h"}))
+    assert targets.is_consistent(body, owner=OWNER, spec=spec, version=5)
+    assert not targets.is_consistent(_edit(body, path, value), owner=OWNER, spec=spec,
+                                     version=5)
+
+
+def test_foreign_metadata_does_not_make_a_target_inconsistent() -> None:
+    spec = make_spec(policy="Merge", labels={"team": "a"})
+    body = written(spec, existing=foreign_secret({"HELM_KEY": "h"}))
+    for path, value in [("metadata|labels|other", "x"), ("metadata|annotations|other", "y"),
+                        ("metadata|ownerReferences", [{"kind": "ConfigMap", "uid": "u"}])]:
+        assert targets.is_consistent(_edit(body, path, value), owner=OWNER, spec=spec,
+                                     version=5), path
 
 
 def test_missing_target_or_unknown_version_is_inconsistent() -> None:

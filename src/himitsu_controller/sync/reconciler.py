@@ -230,18 +230,22 @@ class HimitsuSecretReconciler:
     def _read_target(
         self, ctx: _Context, spec: api.Spec, mem: Memory,
     ) -> dict[str, Any] | None:
-        # An Owner target we may write is labelled as ours, so the informer holds it: a
-        # miss means there is none (deleted, or never created), and the create that
-        # follows saves a GET that would only say 404. Should the name be taken after all
-        # (a foreign Secret, unlabelled), the create says 409 and we read it directly
-        # from then on. A Merge target is someone else's until adopted: read it.
+        # An Owner target we may write is labelled as ours, so the informer holds it. For
+        # a HimitsuSecret that never wrote one, a miss means there is none, and the
+        # create that follows saves a GET that would only say 404; should the name be
+        # taken after all (a foreign Secret, unlabelled), the create says 409 and we read
+        # it directly from then on. A target we wrote can also leave the cache without
+        # being deleted (a GitOps tool pruned our label): one direct read tells, so it is
+        # relabelled rather than created over. A Merge target is someone else's until
+        # adopted: read it.
         owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
         target = self._kube.get_secret(
             ctx.owner.namespace, spec.target.name, cached=owner_policy)
         self._note_cache(mem, target)
-        if target is None and owner_policy and mem.cache_has_write:
-            return None  # the informer saw our write, then its deletion: no need to ask
-        if mem.target_rv is not None and resource_version(target) != mem.target_rv:
+        missing = target is None and owner_policy
+        if missing and mem.target_rv is None and ctx.status.config_version is None:
+            return None  # never written by this HimitsuSecret: nothing to ask
+        if missing or (mem.target_rv is not None and resource_version(target) != mem.target_rv):
             # The cache disagrees with our last write: it lags, or someone else wrote.
             # One direct read tells which, instead of a needless full fetch and rewrite.
             target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)

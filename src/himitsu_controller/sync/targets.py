@@ -62,7 +62,12 @@ def check_ownership(
     """Raise TargetConflict when writing ``secret`` would take it from its rightful owner."""
     if secret is None:
         return
-    name = (secret.get("metadata") or {}).get("name", "")
+    meta = secret.get("metadata") or {}
+    if _has_our_controller_ref(meta, uid=owner.uid):
+        # Ours whatever else was done to it: a GitOps tool pruning the labels and
+        # annotations we stamp (they are put back) does not make it someone else's.
+        return
+    name = meta.get("name", "")
     holder = owned_by(secret)
     if holder and holder != owner.name and himitsu_secret_exists(holder):
         raise TargetConflict(
@@ -93,8 +98,10 @@ def _is_our_controller_ref(ref: Any) -> bool:
             and str(ref.get("apiVersion", "")).startswith(f"{api.GROUP}/"))
 
 
-def _has_our_controller_ref(meta: Mapping[str, Any]) -> bool:
-    return any(_is_our_controller_ref(r) for r in meta.get("ownerReferences") or [])
+def _has_our_controller_ref(meta: Mapping[str, Any], *, uid: str | None = None) -> bool:
+    """A controller reference to a HimitsuSecret (with ``uid``: to that one)."""
+    return any(_is_our_controller_ref(r) and (uid is None or r.get("uid") == uid)
+               for r in meta.get("ownerReferences") or [])
 
 
 def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str) -> list[str]:
@@ -128,14 +135,46 @@ def is_consistent(
     if secret is None or version is None:
         return False
     ann = annotations_of(secret)
+    meta = secret.get("metadata") or {}
+    policy = spec.target.creation_policy
     return (
-        labels(secret).get(api.LABEL_MANAGED) == "true"
-        and owned_by(secret) == owner.name
+        owned_by(secret) == owner.name
         and secret.get("type", "Opaque") == spec.target.type
         and ann.get(api.ANN_SOURCE) == spec.source_hash()
         and ann.get(api.ANN_CONFIG_VERSION) == str(version)
-        and ann.get(api.ANN_DATA_HASH) == current_hash(secret, policy=spec.target.creation_policy)
+        and ann.get(api.ANN_DATA_HASH) == current_hash(secret, policy=policy)
+        # ...and every label, annotation and reference we stamp is still there: a pruned
+        # one (a GitOps tool's doing) is put back by the full sync this asks for, and a
+        # removed controller reference would leave the Secret to outlive its owner.
+        and _holds(labels(secret), _stamped_labels(spec))
+        and _holds(ann, _stamped_annotations(spec, owner))
+        and (policy != "Owner" or _owner_ref(owner) in (meta.get("ownerReferences") or []))
     )
+
+
+def _holds(have: Mapping[str, str], want: Mapping[str, str]) -> bool:
+    return all(have.get(k) == v for k, v in want.items())
+
+
+def _stamped_labels(spec: api.Spec) -> dict[str, str]:
+    """The labels desired_secret sets whatever the target held before."""
+    stamped = {**spec.target.template.labels, api.LABEL_MANAGED: "true"}
+    if spec.target.creation_policy == "Owner":
+        stamped[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
+    return stamped
+
+
+def _stamped_annotations(spec: api.Spec, owner: Owner) -> dict[str, str]:
+    """The annotations desired_secret sets that do not depend on the data or version."""
+    return {**spec.target.template.annotations, api.ANN_OWNED_BY: owner.name,
+            api.ANN_PROJECT_ID: spec.project_id, api.ANN_ENVIRONMENT_ID: spec.environment_id}
+
+
+def _owner_ref(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "name": owner.name, "uid": owner.uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }
 
 
 def desired_secret(
@@ -165,19 +204,13 @@ def desired_secret(
     body["data"] = data
     body.pop("stringData", None)
     meta_labels = meta.setdefault("labels", {})
-    meta_labels.update(spec.target.template.labels)
-    meta_labels[api.LABEL_MANAGED] = "true"
-    if policy == "Owner" or existing is None:
-        meta_labels.setdefault(api.LABEL_MANAGED_BY, api.MANAGED_BY_VALUE)
-        if policy == "Owner":
-            meta_labels[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
+    if existing is None:
+        meta_labels[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
+    meta_labels.update(_stamped_labels(spec))
     ann = meta.setdefault("annotations", {})
-    ann.update(spec.target.template.annotations)
+    ann.update(_stamped_annotations(spec, owner))
     ann.update({
-        api.ANN_OWNED_BY: owner.name,
         api.ANN_CONFIG_VERSION: str(version),
-        api.ANN_PROJECT_ID: spec.project_id,
-        api.ANN_ENVIRONMENT_ID: spec.environment_id,
         api.ANN_SOURCE: spec.source_hash(),
         api.ANN_DATA_HASH: data_hash(rendered),
     })
@@ -208,10 +241,7 @@ def _merged_data(
 
 def _set_controller_ref(meta: dict[str, Any], owner: Owner) -> None:
     refs = [r for r in meta.get("ownerReferences") or [] if not r.get("controller")]
-    refs.append({
-        "apiVersion": api.API_VERSION, "kind": api.KIND, "name": owner.name, "uid": owner.uid,
-        "controller": True, "blockOwnerDeletion": True,
-    })
+    refs.append(_owner_ref(owner))
     meta["ownerReferences"] = refs
 
 
