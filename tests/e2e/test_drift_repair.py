@@ -12,6 +12,7 @@ is where no cache can apply: a different environment, and a force-sync.)
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,56 @@ def test_force_sync_annotation_asks_himitsu_at_once(h: Harness, ns: str, kube: K
     assert [r["status"] for r in h.standin.requests_after(sync.env, mark)][:1] == [200]
     wait_for(lambda: h.get_hsec(ns, sync.name)["status"].get("lastForceSync") == "first",
              timeout=REPAIR_TIMEOUT, what="status.lastForceSync 'first'")
+
+
+def _ready_since(h: Harness, ns: str, name: str) -> str:
+    condition = h.get_hsec(ns, name)["status"]["conditions"][0]
+    assert (condition["status"], condition["reason"]) == ("True", "Synced")
+    return str(condition["lastTransitionTime"])
+
+
+def test_a_target_pruned_by_a_gitops_tool_is_relabelled_and_stays_ready(
+    h: Harness, ns: str, kube: KubeApi,
+) -> None:
+    # A prune drops every label and annotation the tool's manifests lack, ours included;
+    # the ownerReference stays. Without our label the informer no longer sees the target.
+    sync = _settled(h, ns)
+    before = kube.secret(ns, sync.target)
+    assert before is not None
+    since = _ready_since(h, ns, sync.name)
+    meta = before["metadata"]
+    kube.merge_patch(secret_path(ns, sync.target), {"metadata": {
+        "labels": dict.fromkeys(meta["labels"]),
+        "annotations": dict.fromkeys(meta["annotations"])}})
+
+    def relabelled() -> dict[str, Any] | None:
+        secret = kube.secret(ns, sync.target)
+        labels = (secret or {}).get("metadata", {}).get("labels") or {}
+        return secret if labels.get("himitsu.io/managed") == "true" else None
+
+    after = wait_for(relabelled, timeout=REPAIR_TIMEOUT, what="the himitsu.io labels back")
+    assert after["metadata"]["uid"] == meta["uid"], "recreated instead of relabelled"
+    assert after["metadata"]["labels"] == meta["labels"]
+    assert after["metadata"]["annotations"] == meta["annotations"]
+    assert after["data"] == before["data"]
+    assert _ready_since(h, ns, sync.name) == since, "Ready left True"
+    assert not [e for e in h.events(ns, sync.name) if e["type"] == "Warning"]
+
+
+def test_a_removed_owner_reference_is_put_back(h: Harness, ns: str, kube: KubeApi) -> None:
+    # Without it the Secret would outlive its HimitsuSecret (no garbage collection).
+    sync = _settled(h, ns)
+    owner_uid = h.get_hsec(ns, sync.name)["metadata"]["uid"]
+    since = _ready_since(h, ns, sync.name)
+
+    kube.merge_patch(secret_path(ns, sync.target), {"metadata": {"ownerReferences": None}})
+
+    def owned() -> list[dict[str, Any]] | None:
+        refs = ((kube.secret(ns, sync.target) or {}).get("metadata") or {}).get(
+            "ownerReferences") or []
+        return refs or None
+
+    refs = wait_for(owned, timeout=REPAIR_TIMEOUT, what="the ownerReference back")
+    assert [(r["uid"], r.get("controller")) for r in refs] == [(owner_uid, True)]
+    assert h.data(ns, sync.target) == sync.values
+    assert _ready_since(h, ns, sync.name) == since

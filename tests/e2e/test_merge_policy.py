@@ -62,3 +62,19 @@ def test_merge_target_outlives_the_himitsu_secret(h: Harness, ns: str, kube: Kub
     target = kube.secret(ns, "app-secrets")
     assert target is not None, "the Merge target was deleted with its HimitsuSecret"
     assert decoded(target) == {**foreign, **sync.values}
+
+
+def test_a_merge_target_that_would_outgrow_1_mib_is_invalid_spec_and_untouched(
+    h: Harness, ns: str, kube: KubeApi,
+) -> None:
+    # The foreign keys alone are just under the limit; ours would tip it over.
+    foreign = {"BUNDLE": h.canary.padded_value("bundle", 1024 * 1024 - 16)}
+    before = h.secret(ns, "app-secrets", foreign, labels=dict(HELM))
+
+    sync = h.sync(ns, "API_KEY", "DB_PASSWORD", target="app-secrets", policy="Merge",
+                  wait=False)
+
+    obj = h.wait_ready(ns, sync.name, reason="InvalidSpec", message_has="1048576 bytes")
+    message = obj["status"]["conditions"][0]["message"]
+    assert f"{1024 * 1024 - 16} in keys himitsu-operator does not manage" in message
+    assert kube.secret(ns, "app-secrets") == before
