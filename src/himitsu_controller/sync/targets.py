@@ -63,7 +63,7 @@ def check_ownership(
     if secret is None:
         return
     meta = secret.get("metadata") or {}
-    if _has_our_controller_ref(meta, uid=owner.uid):
+    if owner.uid and _has_our_controller_ref(meta, uid=owner.uid):
         # Ours whatever else was done to it: a GitOps tool pruning the labels and
         # annotations we stamp (they are put back) does not make it someone else's.
         return
