@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from himitsu_controller.runtime.apierrors import ApiError, TransportError
+from himitsu_controller.runtime.apierrors import ApiError, TransportError, WriteRefused
 from himitsu_controller.runtime.events import (
     DROP_LOG_INTERVAL,
     MAX_INSTANCE,
@@ -347,6 +347,19 @@ def test_a_refused_post_is_logged_once_and_dropped(
     assert (failure["reason"], failure["status"], failure["attempts"]) == ("Refused", 403, 1)
     assert (failure["namespace"], failure["name"]) == ("apps", "app")
     assert rest.reasons() == ["Fine"]
+
+
+def test_an_event_the_write_gate_refuses_is_dropped_without_retries(
+    rest: FakeRest, clock: Clock, recorders: list[EventRecorder],
+) -> None:
+    # The replica no longer leads: waiting and trying again would only delay shutdown.
+    recorder = recorder_for(rest, clock, recorders, max_attempts=3, retry_delay=3600.0)
+    rest.failures = [WriteRefused("POST events: not sent, this replica is not leading")]
+    recorder.start()
+    emit(recorder, "Late")
+    emit(recorder, "Next")
+    wait_for(lambda: recorder.counts["sent"] == 1, "the next Event sent")
+    assert (rest.calls, recorder.counts["failed"]) == (2, 1)
 
 
 @pytest.mark.parametrize("transient", [

@@ -196,7 +196,8 @@ class PathRecorder(RestClient):
         self.sent: list[tuple[str, str, Mapping[str, Any] | None]] = []
 
     def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None, body: Any,
-              content_type: str | None, timeout: float) -> tuple[int, bytes, dict[str, str]]:
+              content_type: str | None, timeout: float, verb: str,
+              ) -> tuple[int, bytes, dict[str, str]]:
         self.sent.append((method, path, query))
         return (404, b"{}", {}) if method == "GET" else (200, b"{}", {})
 

@@ -4,7 +4,8 @@ Why not the client's ``ApiException``: its ``str()`` embeds the whole response b
 headers, and a body can echo what we sent (Secret data); callers also need the Status
 ``reason`` ("NotFound", "Conflict", "Expired") that client-go's apierrors exposes, not an
 HTTP reason phrase. ``ApiError`` carries the Status fields only; ``TransportError`` means
-no HTTP status came back at all (connect/read failure, reset, timeout).
+no HTTP status came back at all (connect/read failure, reset, timeout); ``WriteRefused``,
+a kind of it, that a write was never sent because this replica may not write now.
 
 Even the Status message may quote what was refused: validation writes ``data[k]: Invalid
 value: "<the value>"``, an admission webhook's denial is free text that often quotes the
@@ -22,7 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ApiError", "TransportError", "describe_exception", "redact_values"]
+__all__ = ["ApiError", "TransportError", "WriteRefused", "describe_exception", "redact_values"]
 
 # What client-go's apierrors reports when the body is not a Status object.
 _REASON_BY_STATUS = {
@@ -50,6 +51,11 @@ _SUPPORTED = re.compile(r'supported values: (?:"(?:[^"\\]|\\.)*", )*$')
 
 class TransportError(Exception):
     """The request never produced an HTTP status: connect/read failure, reset, timeout."""
+
+
+class WriteRefused(TransportError):
+    """A write not sent: the replica's write gate is closed (it does not hold the Lease,
+    or can no longer vouch that it does). Retrying cannot help until it leads again."""
 
 
 class ApiError(Exception):

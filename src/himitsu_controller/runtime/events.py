@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import structlog
 
 from . import metrics
-from .apierrors import ApiError, TransportError
+from .apierrors import ApiError, TransportError, WriteRefused
 from .rest import Resource
 
 log = structlog.get_logger(__name__)
@@ -309,7 +309,10 @@ class EventRecorder:
 
 def _transient(exc: ApiError | TransportError) -> bool:
     """Worth another try: the apiserver was unreachable, overloaded or failing. Anything
-    else (forbidden, namespace gone, invalid) will be refused again."""
+    else (forbidden, namespace gone, invalid, this replica no longer leading) will be
+    refused again."""
+    if isinstance(exc, WriteRefused):
+        return False
     return isinstance(exc, TransportError) or exc.status == 429 or exc.status >= 500
 
 

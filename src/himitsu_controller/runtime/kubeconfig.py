@@ -36,13 +36,14 @@ class ConfigError(Exception):
 
 
 def load_api_client(kubeconfig: str | None = None, *,
-                    pool_maxsize: int = 32) -> k8s.ApiClient:
+                    pool_maxsize: int = 32, retries: int = 3) -> k8s.ApiClient:
     """An ApiClient on an explicit Configuration (the client's global default is untouched).
 
     Source order: ``kubeconfig``, ``$KUBECONFIG``, in-cluster ServiceAccount, ~/.kube/config.
     In-cluster uses the client's loader with its refresh hook, which re-reads the rotating
     token file about every minute. ``pool_maxsize`` bounds the kept-alive connections:
     every open watch holds one for its life, so size it to watches + workers + a few.
+    ``retries``: as for ``new_api_client``.
     """
     configuration = k8s.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG") or None
@@ -73,19 +74,21 @@ def load_api_client(kubeconfig: str | None = None, *,
     except Exception as exc:  # the loaders raise many types (ConfigException, YAML, OSError)
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: "
                           f"{describe_exception(exc)}") from None
-    return new_api_client(configuration, pool_maxsize=pool_maxsize)
+    return new_api_client(configuration, pool_maxsize=pool_maxsize, retries=retries)
 
 
 def new_api_client(configuration: k8s.Configuration, *, pool_maxsize: int = 32,
-                   ) -> k8s.ApiClient:
+                   retries: int = 3) -> k8s.ApiClient:
     """An ApiClient whose transport leaves HTTP-status retries to ``RestClient``.
 
     With ``Configuration.retries`` unset, urllib3's default Retry re-sends GET/PUT/DELETE
     answered 429/503/413 with Retry-After by itself, sleeping in the calling thread and
-    out of sight of our rate limiting and logs; it also follows redirects. Connection
-    failures are still retried (3 times): the request never reached the server.
+    out of sight of our rate limiting and logs; it also follows redirects. Failures
+    without a status are still retried ``retries`` times by urllib3 (connection failures,
+    and read failures of GET/PUT/DELETE): 0 for a client that must keep to a deadline,
+    such as the leader elector's (each retry would get the whole timeout again).
     """
-    configuration.retries = urllib3.Retry(total=3, redirect=0, status=0,
+    configuration.retries = urllib3.Retry(total=retries, redirect=0, status=0,
                                           respect_retry_after_header=False,
                                           raise_on_redirect=False, raise_on_status=False)
     configuration.connection_pool_maxsize = pool_maxsize

@@ -19,6 +19,13 @@ bucket (QPS/burst) so a controller cannot flood the apiserver after a restart, a
 Retry-After on 429. The Python client does neither. Watches are long-lived and exempt,
 as in client-go.
 
+Why a write gate: with leader election, the reconcilers' client asks ``write_gate``
+(``writegate.WriteGate.remaining``) immediately before every write leaves, after the
+rate limiter's wait and any Retry-After sleep, and refuses (``WriteRefused``) once the
+replica can no longer vouch that it holds the Lease. Such a write is sent once: no
+urllib3 retry re-sends it later, and its connection must be made while the gate is still
+open (the connect timeout is capped at what is left of it).
+
 The errors, the configuration loader and the watch stream live in sibling modules and
 are re-exported here: callers need only ``runtime.rest``.
 """
@@ -40,7 +47,7 @@ import structlog
 import urllib3
 from kubernetes import client as k8s
 
-from .apierrors import ApiError, TransportError, describe_exception
+from .apierrors import ApiError, TransportError, WriteRefused, describe_exception
 from .kubeconfig import ConfigError, load_api_client, new_api_client
 from .transport import REFRESH_SECONDS, LeanTransport, encode_body
 from .watchstream import WatchStream
@@ -56,6 +63,7 @@ __all__ = [
     "TokenBucket",
     "TransportError",
     "WatchStream",
+    "WriteRefused",
     "load_api_client",
     "new_api_client",
 ]
@@ -69,6 +77,7 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 _VERB_BY_METHOD = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
                    "DELETE": "delete"}
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 @dataclass(frozen=True)
@@ -166,10 +175,14 @@ class RestClient:
     def __init__(self, api_client: k8s.ApiClient, *, qps: float = 50.0, burst: int = 100,
                  user_agent: str | None = None, max_retries: int = 10,
                  credentials_refresh: float = REFRESH_SECONDS,
+                 write_gate: Callable[[], float] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        """``credentials_refresh``: seconds the lean path reuses headers and credentials."""
+        """``credentials_refresh``: seconds the lean path reuses headers and credentials;
+        ``max_retries``: 429s retried after their Retry-After; ``write_gate``: seconds
+        writes are still allowed for (<= 0 refuses them), asked before each write."""
         self.api_client = api_client
+        self._write_gate = write_gate
         self._limiter = TokenBucket(qps, burst, clock=clock, sleep=sleep) if qps > 0 else None
         self._user_agent = user_agent
         self._transport = LeanTransport(api_client, user_agent=user_agent,
@@ -211,9 +224,9 @@ class RestClient:
         while True:
             if self._limiter is not None:
                 self._limiter.accept()
-            self._count(verb)
             status, data, headers = self._send(method, path, query=query, body=body,
-                                               content_type=content_type, timeout=timeout)
+                                               content_type=content_type, timeout=timeout,
+                                               verb=verb)
             if 200 <= status < 300:
                 return _decode(data)
             error = ApiError.from_response(status, data, headers)
@@ -250,18 +263,35 @@ class RestClient:
         raw: urllib3.HTTPResponse = response.response
         return raw
 
+    def _gate(self, method: str, path: str) -> float | None:
+        """None: send as usual; else the seconds this write may still take to connect."""
+        if self._write_gate is None or method not in _WRITE_METHODS:
+            return None
+        remaining = self._write_gate()
+        if remaining <= 0:
+            raise WriteRefused(f"{method} {path}: not sent, this replica is not leading")
+        return remaining
+
     def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None, body: Any,
-              content_type: str | None, timeout: float,
+              content_type: str | None, timeout: float, verb: str,
               ) -> tuple[int, bytes, Mapping[str, str]]:
         route = self._transport.route()
         if route.pool is not None:
             if content_type is None and body is not None:
                 content_type = JSON
+            encoded = encode_body(body, content_type)
+            gated = self._gate(method, path)  # the last thing before the request leaves
+            self._count(verb)
             return self._transport.send(route, method, path, _encode_query(query),
-                                        body=encode_body(body, content_type),
-                                        content_type=content_type, timeout=timeout)
+                                        body=encoded, content_type=content_type,
+                                        timeout=timeout, connect_within=gated)
+        gated = self._gate(method, path)
+        self._count(verb)
+        # Behind a proxy the client's own path keeps its Retry policy (connection failures
+        # only): the connect timeout of each attempt is capped at what the gate has left.
         response = self._open(method, path, query=query, body=body, content_type=content_type,
-                              timeout=timeout)
+                              timeout=timeout if gated is None else
+                              (min(timeout, gated), timeout))
         try:
             data = response.read()
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:

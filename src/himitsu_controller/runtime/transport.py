@@ -21,13 +21,15 @@ once per refresh period:
   still closes them. With a proxy (a ProxyManager) there is no such pool: the route has
   none and the caller keeps using the client's path.
 
-Requests go out with ``pool.urlopen`` and the Retry policy of the ApiClient (connection
-failures only; see ``kubeconfig.new_api_client``), the body serialised once by the caller.
+Requests go out with ``pool.urlopen`` and the Retry policy of the ApiClient (see
+``kubeconfig.new_api_client``), the body serialised once by the caller. A gated write
+(``connect_within``) goes out once, with no retry, and must connect within that time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import http.client
 import json
 import threading
@@ -46,6 +48,8 @@ __all__ = ["LeanTransport", "Route", "apiserver_pool", "encode_body"]
 JSON = "application/json"
 # How long the headers (credentials) and the pool are used before being built again.
 REFRESH_SECONDS = 1.0
+# Timeout objects kept for reuse: the few fixed timeouts callers use, not every deadline.
+_TIMEOUT_CACHE = 16
 
 
 def encode_body(body: Any, content_type: str | None) -> bytes | None:
@@ -146,25 +150,36 @@ class LeanTransport:
         return Route(pool, parse_url(str(api_client.configuration.host)).path or "",
                      headers, retries, now + self._refresh_every)
 
-    def _timeout(self, seconds: float) -> urllib3.Timeout:
+    def _timeout(self, seconds: float, connect_within: float | None) -> urllib3.Timeout:
+        if connect_within is not None:
+            return urllib3.Timeout(total=seconds, connect=min(seconds, connect_within))
         timeout = self._timeouts.get(seconds)
         if timeout is None:
             # total, like the client's REST layer: connect + read together
-            timeout = self._timeouts.setdefault(seconds, urllib3.Timeout(total=seconds))
+            timeout = urllib3.Timeout(total=seconds)
+            if len(self._timeouts) < _TIMEOUT_CACHE:  # a deadline's remainder: not kept
+                timeout = self._timeouts.setdefault(seconds, timeout)
         return timeout
 
     def send(self, route: Route, method: str, path: str, query: str, *, body: bytes | None,
-             content_type: str | None, timeout: float,
+             content_type: str | None, timeout: float, connect_within: float | None = None,
              ) -> tuple[int, bytes, Mapping[str, str]]:
-        """One request on ``route`` (which has a pool); the status, body and headers."""
+        """One request on ``route`` (which has a pool); the status, body and headers.
+
+        ``connect_within``: send it at most once (no urllib3 retry), connecting within
+        that many seconds or not at all (a write that the write gate let through).
+        """
         headers = route.headers
         if content_type is not None:
             headers = {**headers, "Content-Type": content_type}
         url = route.prefix + path + ("?" + query if query else "")
+        urlopen = functools.partial(self._urlopen, method=method, url=url, body=body,
+                                    headers=headers, timeout=self._timeout(timeout,
+                                                                           connect_within),
+                                    once=connect_within is not None)
         try:
             try:
-                response = self._urlopen(route, method, url, body=body, headers=headers,
-                                          timeout=timeout)
+                response = urlopen(route)
             except urllib3.exceptions.ClosedPoolError:
                 # ApiClient.close() closed the pool; the request never left. The client's
                 # PoolManager opens a new pool on demand, as it would for its own path.
@@ -172,8 +187,7 @@ class LeanTransport:
                 retry = self.route()
                 if retry.pool is None or retry.pool is route.pool:
                     raise
-                response = self._urlopen(retry, method, url, body=body, headers=headers,
-                                          timeout=timeout)
+                response = urlopen(retry)
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
             # After the retries, the last failure says more than "Max retries exceeded".
             cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else None
@@ -183,11 +197,13 @@ class LeanTransport:
             self.invalidate()  # the credentials may have rotated under us: re-read them now
         return response.status, response.data, response.headers
 
-    def _urlopen(self, route: Route, method: str, url: str, *, body: bytes | None,
-                 headers: Mapping[str, str], timeout: float) -> urllib3.BaseHTTPResponse:
+    @staticmethod
+    def _urlopen(route: Route, *, method: str, url: str, body: bytes | None,
+                 headers: Mapping[str, str], timeout: urllib3.Timeout,
+                 once: bool) -> urllib3.BaseHTTPResponse:
         assert route.pool is not None
         # Redirects are not followed (the client's PoolManager does not either: its
         # Retry has redirect=0 and hands the 3xx back).
         return route.pool.urlopen(method, url, body=body, headers=headers,
-                                  retries=route.retries, redirect=False,
-                                  timeout=self._timeout(timeout), preload_content=True)
+                                  retries=False if once else route.retries, redirect=False,
+                                  timeout=timeout, preload_content=True)
