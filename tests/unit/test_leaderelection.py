@@ -22,6 +22,7 @@ from himitsu_controller.runtime.leaderelection import (
 )
 from himitsu_controller.runtime.metrics import REGISTRY
 from himitsu_controller.runtime.rest import Resource
+from himitsu_controller.runtime.writegate import WriteGate
 
 TIMEOUT = 10.0
 MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -43,6 +44,12 @@ class FakeLeaseStore:
         spec: dict[str, Any] = self.lease(name)["spec"]
         return spec
 
+    def touch(self, name: str = "lock") -> None:
+        """A change that leaves the spec alone (a label, say): a new resourceVersion."""
+        with self.lock:
+            self.version += 1
+            self.leases[f"default/{name}"]["metadata"]["resourceVersion"] = str(self.version)
+
     def force(self, name: str, spec: Mapping[str, Any]) -> None:
         """Someone else writes the Lease (create or overwrite), bumping its version."""
         with self.lock:
@@ -53,42 +60,73 @@ class FakeLeaseStore:
                 "spec": {k: v for k, v in spec.items() if v is not None}}
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @dataclass
 class FakeLeaseClient:
+    """The elector's REST calls on ``store``. On a simulated ``clock`` a request takes
+    ``latency`` (the store changes when it is sent, the answer comes after), or, sent from
+    ``hang_from`` on, its whole timeout and then fails, like a connection that hangs."""
+
     store: FakeLeaseStore
     broken: bool = False
     before_update: Callable[[], None] | None = None
+    clock: FakeClock | None = None
+    latency: float = 0.0
+    hang_from: float | None = None
     calls: list[str] = field(default_factory=list)
+    sent: list[tuple[str, float, float]] = field(default_factory=list)  # verb, at, timeout
     called: threading.Event = field(default_factory=threading.Event)
 
-    def _check(self, verb: str, resource: Resource) -> None:
+    def _check(self, verb: str, resource: Resource, timeout: float) -> None:
         assert resource == LEASES
         self.calls.append(verb)
         self.called.set()
+        if self.clock is not None:
+            self.sent.append((verb, self.clock.now, timeout))
+            if self.hang_from is not None and self.clock.now >= self.hang_from:
+                self.clock.now += timeout
+                raise TransportError("read timed out")
+            if self.latency > timeout:
+                self.clock.now += timeout
+                raise TransportError("read timed out")
         if self.broken:
             raise TransportError("connection refused")
 
+    def _answer(self, answer: dict[str, Any]) -> dict[str, Any]:
+        if self.clock is not None:
+            self.clock.now += self.latency
+        return answer
+
     def get(self, resource: Resource, name: str, *, namespace: str | None = None,
             timeout: float = 30.0) -> dict[str, Any]:
-        self._check("get", resource)
+        self._check("get", resource, timeout)
         with self.store.lock:
             lease = self.store.leases.get(f"{namespace}/{name}")
             if lease is None:
                 raise ApiError(404, "NotFound", f"leases {name!r} not found")
-            return copy.deepcopy(lease)
+            found = copy.deepcopy(lease)
+        return self._answer(found)
 
     def create(self, resource: Resource, body: Mapping[str, Any], *,
                namespace: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
-        self._check("create", resource)
+        self._check("create", resource, timeout)
         key = f"{namespace}/{body['metadata']['name']}"
         with self.store.lock:
             if key in self.store.leases:
                 raise ApiError(409, "AlreadyExists", "leases already exists")
-            return self._store(key, body)
+            stored = self._store(key, body)
+        return self._answer(stored)
 
     def update(self, resource: Resource, body: Mapping[str, Any], *,
                namespace: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
-        self._check("update", resource)
+        self._check("update", resource, timeout)
         if self.before_update is not None:
             hook, self.before_update = self.before_update, None
             hook()
@@ -96,8 +134,10 @@ class FakeLeaseClient:
         with self.store.lock:
             current = self.store.leases[key]
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                self._answer({})
                 raise ApiError(409, "Conflict", "the object has been modified")
-            return self._store(key, body)
+            stored = self._store(key, body)
+        return self._answer(stored)
 
     def _store(self, key: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.store.version += 1
@@ -106,14 +146,6 @@ class FakeLeaseClient:
         stored["spec"] = {k: v for k, v in stored["spec"].items() if v is not None}
         self.store.leases[key] = stored
         return copy.deepcopy(stored)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeWallClock:
@@ -129,12 +161,15 @@ class Callbacks:
     started: threading.Event = field(default_factory=threading.Event)
     stopped: threading.Event = field(default_factory=threading.Event)
     stopped_calls: int = 0
+    when_stopped: Callable[[], None] | None = None
 
     def on_started(self) -> None:
         self.started.set()
 
     def on_stopped(self) -> None:
         self.stopped_calls += 1
+        if self.when_stopped is not None:
+            self.when_stopped()
         self.stopped.set()
 
 
@@ -279,6 +314,110 @@ def test_released_lease_is_acquired_at_once(store: FakeLeaseStore) -> None:
 def test_unreadable_lease_is_not_acquired(store: FakeLeaseStore) -> None:
     assert not elector(FakeLeaseClient(store, broken=True), "a").try_acquire_or_renew()
     assert store.leases == {}
+
+
+# The renew deadline is one deadline, on a simulated clock.
+
+def simulated_wait(clock: FakeClock) -> Callable[[threading.Event, float], bool]:
+    """The elector's pauses, passing in simulated time only."""
+    def wait(stop: threading.Event, seconds: float) -> bool:
+        clock.now += seconds
+        return stop.is_set()
+
+    return wait
+
+
+def test_one_attempt_shares_one_deadline_across_its_requests(store: FakeLeaseStore) -> None:
+    clock = FakeClock()
+    client = FakeLeaseClient(store, clock=clock)
+    a = elector(client, "a", clock=clock)
+    assert a.try_acquire_or_renew()
+    store.touch()  # the optimistic update will conflict: the attempt needs all three requests
+    client.latency = 4.0  # each request takes 4 s of a 10 s deadline
+    client.sent.clear()
+    started = clock.now
+    assert not a.try_acquire_or_renew(timeout=10.0)
+    # Each request was given what was left, not the whole 10 s again; the third ran out.
+    assert [(verb, at - started, timeout) for verb, at, timeout in client.sent] == [
+        ("update", 0.0, 10.0), ("get", 4.0, 6.0), ("update", 8.0, 2.0)]
+    assert clock.now - started == 10.0
+
+
+def test_no_request_of_an_attempt_is_sent_after_its_deadline(store: FakeLeaseStore) -> None:
+    clock = FakeClock()
+    client = FakeLeaseClient(store, clock=clock)
+    a = elector(client, "a", clock=clock)
+    assert a.try_acquire_or_renew()
+    client.hang_from = clock.now  # every request now takes its whole timeout, then fails
+    client.sent.clear()
+    started = clock.now
+    assert not a.try_acquire_or_renew(timeout=10.0)
+    assert [(verb, timeout) for verb, _, timeout in client.sent] == [("update", 10.0)]
+    assert clock.now - started == 10.0
+
+
+def test_a_leader_whose_connection_hangs_stops_renew_deadline_after_its_last_renewal(
+        store: FakeLeaseStore) -> None:
+    clock = FakeClock()
+    client = FakeLeaseClient(store, clock=clock, latency=0.25, hang_from=7.0)
+    callbacks = Callbacks()
+    a = elector(client, "a", clock=clock, callbacks=callbacks, wait=simulated_wait(clock))
+    stopped_at: list[float] = []
+    callbacks.when_stopped = lambda: stopped_at.append(clock.now)
+    assert a.run(threading.Event()) is False  # leadership lost, on simulated time
+    config = a.config
+    last_success = max(at for verb, at, _ in client.sent if at < 7.0 and verb != "get")
+    # Nothing was sent, and nothing was waited for, past renew_deadline after the last
+    # renewal was sent: the standby's takeover (lease_duration after it) comes later.
+    assert all(at + timeout <= last_success + config.renew_deadline
+               for _, at, timeout in client.sent)
+    assert stopped_at == [pytest.approx(last_success + config.renew_deadline)]
+    assert not a.gate.is_open()
+
+
+def test_the_write_gate_closes_before_a_standby_may_take_the_lease(
+        store: FakeLeaseStore) -> None:
+    # The answer to the leader's acquire takes 6 s (more than lease_duration minus
+    # renew_deadline) while the standby sees the new record the moment it is stored.
+    clock = FakeClock()
+    b = elector(FakeLeaseClient(store, clock=clock), "b", clock=clock)
+    a_client = FakeLeaseClient(store, clock=clock, latency=6.0)
+    a = elector(a_client, "a", clock=clock)
+    assert not a.gate.is_open()  # closed until a first acquire
+    assert a.try_acquire_or_renew(timeout=10.0)
+    assert not b.try_acquire_or_renew()  # b's clock for a's record starts now, at 6 s
+    assert a.gate.is_open()
+    clock.now = 9.999
+    assert a.gate.is_open()
+    clock.now = 10.0  # renew_deadline after the acquire was *sent*, whenever it was stored
+    assert not a.gate.is_open()
+    while not b.try_acquire_or_renew():
+        clock.now += 0.5
+    # b took the Lease no sooner than lease_duration after a's record could change, and
+    # a stopped writing lease_duration - renew_deadline before that.
+    assert clock.now >= 15.0
+    assert a.gate.remaining() <= -(a.config.lease_duration - a.config.renew_deadline)
+
+
+def test_the_gate_opens_on_acquire_and_closes_on_release(
+        store: FakeLeaseStore) -> None:
+    clock = FakeClock()
+    stop = threading.Event()
+    callbacks = Callbacks()
+    seen: list[bool] = []
+    gate = WriteGate(clock=clock)
+
+    def wait(event: threading.Event, seconds: float) -> bool:
+        seen.append(gate.is_open())  # the first pause while leading: then stop
+        stop.set()
+        return True
+
+    a = elector(FakeLeaseClient(store, clock=clock), "a", clock=clock, callbacks=callbacks,
+                gate=gate, wait=wait)
+    callbacks.when_stopped = lambda: seen.append(a.gate.is_open())
+    assert a.run(stop) is True
+    assert seen == [True, False]  # open while leading; closed before on_stopped
+    assert "holderIdentity" not in store.spec()
 
 
 # The run loop, on the real clock with short periods.

@@ -15,12 +15,21 @@ The algorithm is client-go's (tools/leaderelection):
 * Every write is an update carrying the Lease's resourceVersion: of two candidates racing
   for an expired Lease, one gets 409 Conflict and stays a follower.
 * The leader renews every retry_period; if it cannot renew within renew_deadline (shorter
-  than the lease duration, so it stops before anyone may take over) it gives up.
+  than the lease duration, so it stops before anyone may take over) it gives up. The
+  deadline is one deadline: every request of an attempt (up to three: the optimistic
+  update, then a read and an update) gets only what is left of it, and none is sent once
+  it has passed. It runs from when the last successful renewal was *sent*.
+* The write gate (``writegate.WriteGate``) is open until ``sent + renew_deadline`` after
+  each successful acquire or renewal, and closed at once on a loss or a release: the
+  reconcilers' writes stop before a standby may take the Lease even when this thread is
+  stuck.
 * On a requested stop the leader releases the Lease (no holder, leaseDurationSeconds 1,
   transitions kept), so a standby takes over on its next retry.
 
 Use a RestClient of its own (not the one the controllers share), so renewals never queue
-behind a burst of ordinary requests in the client-side rate limiter.
+behind a burst of ordinary requests in the client-side rate limiter, and one with no
+hidden retries (``retries=0`` for its ApiClient, ``max_retries=0``: no 429 sleeps), or a
+retry would get the whole timeout again.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import structlog
 from .apierrors import ApiError, describe_exception
 from .metrics import leader_election_master_status
 from .rest import Resource
+from .writegate import WriteGate
 
 __all__ = ["LEASES", "LeaderElectionConfig", "LeaderElector", "LeaseClient", "default_identity"]
 
@@ -49,6 +59,8 @@ log = structlog.get_logger(__name__)
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 # client-go's wait.JitterUntil factor for the acquire loop.
 JITTER_FACTOR = 1.2
+# The release on shutdown is a courtesy (the Lease expires anyway): it gets this long.
+RELEASE_TIMEOUT = 2.0
 
 
 def default_identity() -> str:
@@ -129,10 +141,16 @@ class LeaderElector:
     def __init__(self, rest: LeaseClient, config: LeaderElectionConfig, *,
                  on_started_leading: Callable[[], None],
                  on_stopped_leading: Callable[[], None],
+                 gate: WriteGate | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], datetime] = _utc_now,
-                 rng: Callable[[], float] = random.random) -> None:
+                 rng: Callable[[], float] = random.random,
+                 wait: Callable[[threading.Event, float], bool] | None = None) -> None:
+        """``gate`` (on the same clock) is opened while this replica may write;
+        ``wait(stop, seconds)`` pauses the loops (True when stop is set)."""
         self._rest = rest
+        self.gate = gate if gate is not None else WriteGate(clock=clock)
+        self._wait = wait if wait is not None else threading.Event.wait
         self.config = config
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
@@ -143,6 +161,7 @@ class LeaderElector:
         self._observed: _Record | None = None
         self._observed_spec: dict[str, Any] | None = None
         self._observed_time = 0.0
+        self._renewed_at = float("-inf")  # when our last successful write was sent
         self._leading = False
         self._gauge = leader_election_master_status.labels(name=config.name)
 
@@ -167,10 +186,12 @@ class LeaderElector:
             self._on_started_leading()
         except Exception:
             log.exception("on_started_leading failed: giving up leadership")
+            self.gate.close()
             self._set_leading(False)
             self._call_stopped()
             return False
         stopped = self._renew_loop(stop)
+        self.gate.close()  # before anything else: no write from here on
         self._set_leading(False)
         if stopped:
             self._release()
@@ -181,8 +202,12 @@ class LeaderElector:
         return stopped
 
     def try_acquire_or_renew(self, *, timeout: float | None = None) -> bool:
-        """One attempt (client-go's tryAcquireOrRenew); True if we hold the Lease after it."""
-        timeout = timeout if timeout is not None else self.config.renew_deadline
+        """One attempt (client-go's tryAcquireOrRenew); True if we hold the Lease after it.
+
+        All its requests share one deadline, ``timeout`` (default renew_deadline) from now.
+        """
+        deadline = self._clock() + (timeout if timeout is not None
+                                    else self.config.renew_deadline)
         stamp = micro_time(self._wall_clock())
         desired = _Record(self.config.identity, int(self.config.lease_duration), stamp, stamp, 0)
         observed = self._observed
@@ -191,11 +216,11 @@ class LeaderElector:
         if observed is not None and self._holds(observed) and self._lease_valid():
             renewal = _Record(desired.holder, desired.duration, observed.acquire_time, stamp,
                               observed.transitions)
-            if self._write(renewal, timeout=timeout, quiet=True):
+            if self._write(renewal, deadline=deadline, quiet=True):
                 return True
-        found, spec = self._read(timeout=timeout)
+        found, spec = self._read(deadline=deadline)
         if not found:
-            return self._create(desired, timeout=timeout)
+            return self._create(desired, deadline=deadline)
         if spec is None:
             return False
         observed = self._observe(spec)
@@ -207,7 +232,7 @@ class LeaderElector:
         else:
             desired = _Record(desired.holder, desired.duration, stamp, stamp,
                               observed.transitions + 1)
-        return self._write(desired, timeout=timeout)
+        return self._write(desired, deadline=deadline)
 
     # The loops.
 
@@ -216,27 +241,28 @@ class LeaderElector:
             if self.try_acquire_or_renew():
                 return True
             delay = self.config.retry_period * (1.0 + self._rng() * JITTER_FACTOR)
-            if stop.wait(delay):
+            if self._wait(stop, delay):
                 break
         return False
 
     def _renew_loop(self, stop: threading.Event) -> bool:
-        """Renew until stop (True) or until renew_deadline passes without a renewal (False)."""
-        last_renewal = self._clock()
-        while not stop.wait(self.config.retry_period):
-            deadline = last_renewal + self.config.renew_deadline
+        """Renew until stop (True) or until renew_deadline passes without a renewal (False).
+
+        The deadline runs from when the last successful renewal was sent, as the gate's.
+        """
+        while not self._wait(stop, self.config.retry_period):
             while True:
-                remaining = deadline - self._clock()
+                remaining = self._renewed_at + self.config.renew_deadline - self._clock()
                 if remaining <= 0:
                     return False
                 if self.try_acquire_or_renew(timeout=remaining):
-                    last_renewal = self._clock()
                     break
                 observed = self._observed
                 if observed is not None and observed.holder and not self._holds(observed):
                     return False  # someone else already holds it: no point retrying
-                wait = min(self.config.retry_period, max(0.0, deadline - self._clock()))
-                if stop.wait(wait):
+                deadline = self._renewed_at + self.config.renew_deadline
+                pause = min(self.config.retry_period, max(0.0, deadline - self._clock()))
+                if self._wait(stop, pause):
                     return True
         return True
 
@@ -246,13 +272,21 @@ class LeaderElector:
             return
         stamp = micro_time(self._wall_clock())
         released = _Record("", 1, stamp, stamp, observed.transitions)
-        if self._write(released, timeout=self.config.renew_deadline):
+        deadline = self._clock() + min(RELEASE_TIMEOUT, self.config.renew_deadline)
+        if self._write(released, deadline=deadline):
             log.info("released the lease", lease=self._lease_name())
 
-    # Lease I/O.
+    # Lease I/O. Each request gets what is left until ``deadline``; none once it passed.
 
-    def _read(self, *, timeout: float) -> tuple[bool, Mapping[str, Any] | None]:
+    def _left(self, deadline: float) -> float | None:
+        remaining = deadline - self._clock()
+        return remaining if remaining > 0 else None
+
+    def _read(self, *, deadline: float) -> tuple[bool, Mapping[str, Any] | None]:
         """(found, spec): (False, None) if there is no Lease, (True, None) if unreadable."""
+        timeout = self._left(deadline)
+        if timeout is None:
+            return True, None
         try:
             lease = self._rest.get(LEASES, self.config.name, namespace=self.config.namespace,
                                    timeout=timeout)
@@ -269,10 +303,14 @@ class LeaderElector:
         spec = lease.get("spec")
         return True, spec if isinstance(spec, dict) else {}
 
-    def _create(self, desired: _Record, *, timeout: float) -> bool:
+    def _create(self, desired: _Record, *, deadline: float) -> bool:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.config.name, "namespace": self.config.namespace},
                 "spec": desired.to_spec()}
+        timeout = self._left(deadline)
+        if timeout is None:
+            return False
+        sent = self._clock()
         try:
             created = self._rest.create(LEASES, body, namespace=self.config.namespace,
                                         timeout=timeout)
@@ -280,14 +318,16 @@ class LeaderElector:
             log.info("cannot create the lease", lease=self._lease_name(),
                      error=describe_exception(exc))
             return False
-        self._accept(created, desired)
+        self._accept(created, desired, sent)
         return True
 
-    def _write(self, record: _Record, *, timeout: float, quiet: bool = False) -> bool:
-        if self._lease is None:
+    def _write(self, record: _Record, *, deadline: float, quiet: bool = False) -> bool:
+        timeout = self._left(deadline)
+        if self._lease is None or timeout is None:
             return False
         body = copy.deepcopy(self._lease)
         body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
+        sent = self._clock()
         try:
             updated = self._rest.update(LEASES, body, namespace=self.config.namespace,
                                         timeout=timeout)
@@ -296,15 +336,21 @@ class LeaderElector:
                 "cannot update the lease", lease=self._lease_name(),
                 error=describe_exception(exc))
             return False
-        self._accept(updated, record)
+        self._accept(updated, record, sent)
         return True
 
-    def _accept(self, lease: dict[str, Any], record: _Record) -> None:
+    def _accept(self, lease: dict[str, Any], record: _Record, sent: float) -> None:
+        """Our write of ``record``, sent at ``sent``, was stored."""
         self._lease = lease
         spec = lease.get("spec")
         self._observed_spec = copy.deepcopy(spec) if isinstance(spec, dict) else record.to_spec()
         self._observed = record
         self._observed_time = self._clock()
+        if self._holds(record):
+            # No standby saw this record before it was sent, so none may take the Lease
+            # before sent + lease_duration; we write until sent + renew_deadline.
+            self._renewed_at = sent
+            self.gate.open_until(sent + self.config.renew_deadline)
 
     def _observe(self, spec: Mapping[str, Any]) -> _Record:
         """Adopt the server's record; restart our lease timer only if it changed."""
