@@ -7,12 +7,17 @@ Why the order matters (controller-runtime's manager, done with plain threads):
    a half-filled cache would see objects as missing), bounded by ``cache_sync_timeout``;
 3. leader election after that; workers (and leader-only runnables) run only while this
    replica leads, so two replicas never write the same objects;
-4. on stop (SIGTERM/SIGINT or ``request_stop``): workers drain first, *then* the Lease is
-   released (a standby taking over must not overlap our last writes), then informers and
-   servers stop. Exit code 0, or 1 if the drain outlived ``graceful_shutdown_timeout``;
+4. on stop (SIGTERM/SIGINT or ``request_stop``): workers drain first, then queued Events
+   are flushed, *then* the Lease is released (a standby taking over must not overlap
+   our last writes, Events included: the write gate closes with the release), then
+   informers and servers stop. ``graceful_shutdown_timeout`` bounds all of it
+   (``shutdown.Budget``): the drain gets what is left after a reserve for the later
+   steps, each of which has a cap of its own. Exit code 0, or 1 if the drain did not
+   finish in its share;
 5. on lost leadership: stop workers without waiting for in-flight reconciles (another
-   replica may be leading by the time they would write) and return 1, so the
-   Deployment restarts the pod and it campaigns again from a clean slate.
+   replica may be leading by the time they would write; the write gate refuses their
+   writes anyway) and return 1, so the Deployment restarts the pod and it campaigns
+   again from a clean slate.
 
 The elector needs callbacks into the manager, so the manager takes a *factory*
 ``leader_election(on_started_leading, on_stopped_leading) -> elector`` and builds the
@@ -22,20 +27,24 @@ on_started_leading=started, on_stopped_leading=stopped)``.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
-from typing import Protocol
 
 import structlog
 
 from .healthz import Check, ProbeServer
 from .httpserver import HTTPServerHandle
 from .metrics import start_metrics_server
+from .parts import (
+    ControllerLike,
+    EventFlusher,
+    InformerLike,
+    LeaderElectionFactory,
+    LeaderElectorLike,
+)
+from .shutdown import Budget, Step, StopSignals, join_all
 
 log = structlog.get_logger(__name__)
 
@@ -43,39 +52,13 @@ log = structlog.get_logger(__name__)
 UNHEALTHY_WATCH_THRESHOLD = 30.0
 _SYNC_POLL_INTERVAL = 0.1
 _SIGNAL_POLL_INTERVAL = 0.5
-_JOIN_TIMEOUT = 10.0  # for the elector's release and informer threads on the way out
-
-
-class InformerLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def run(self, stop: threading.Event) -> None: ...
-
-    def has_synced(self) -> bool: ...
-
-    def unhealthy_for(self) -> float: ...
-
-
-class ControllerLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def start(self) -> None: ...
-
-    def stop(self, drain_timeout: float = 30.0) -> bool: ...
-
-    def workers_alive(self) -> bool: ...
-
-
-class LeaderElectorLike(Protocol):
-    def run(self, stop: threading.Event) -> bool: ...
-
-    def is_leader(self) -> bool: ...
-
-
-# (on_started_leading, on_stopped_leading) -> an elector wired to them.
-LeaderElectionFactory = Callable[[Callable[[], None], Callable[[], None]], LeaderElectorLike]
+# Caps of the shutdown steps after the drain (seconds; all within the one budget).
+EVENT_FLUSH_TIMEOUT = 2.0  # Events still queued get this long to reach the apiserver
+LEASE_RELEASE_TIMEOUT = 3.0  # the elector's release request is bounded at 2 s itself
+INFORMER_STOP_TIMEOUT = 2.0
+SHUTDOWN_RESERVE = EVENT_FLUSH_TIMEOUT + LEASE_RELEASE_TIMEOUT + INFORMER_STOP_TIMEOUT
+# Stopping the HTTP servers, outside the budget: each returns within a poll interval.
+SERVER_STOP_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,8 +79,13 @@ class Manager:
         leader_election: LeaderElectionFactory | None = None,
         graceful_shutdown_timeout: float = 30.0,
         cache_sync_timeout: float = 120.0,
+        events: EventFlusher | None = None,
     ) -> None:
+        """``graceful_shutdown_timeout`` bounds the whole shutdown (see ``shutdown_bound``);
+        ``events`` is started with the manager and flushed on its way out."""
         self._metrics_address = metrics_bind_address
+        self._events = events
+        self.shutdown_steps: list[Step] = []  # what the last shutdown's steps were given
         self._leader_election = leader_election
         self._graceful_shutdown_timeout = graceful_shutdown_timeout
         self._cache_sync_timeout = cache_sync_timeout
@@ -115,7 +103,7 @@ class Manager:
         self._stopping = False
         self._leading = False
         self._lost_leadership = False
-        self._signal_name: str | None = None
+        self._signals = StopSignals(self.request_stop)
         self._informer_threads: dict[str, threading.Thread] = {}
         self._runnable_threads: dict[str, threading.Thread] = {}
         self._elector_thread: threading.Thread | None = None
@@ -173,6 +161,10 @@ class Manager:
         with self._lock:
             return self._leading
 
+    def shutdown_bound(self) -> float:
+        """The longest a shutdown can take, stuck workers and informers included."""
+        return self._graceful_shutdown_timeout + SERVER_STOP_SECONDS
+
     # -- running ----------------------------------------------------------------------
 
     def run(self, stop: threading.Event | None = None) -> int:
@@ -183,7 +175,7 @@ class Manager:
         """
         if stop is not None:
             self._stop = stop
-        restore_signals = self._install_signal_handlers()
+        restore_signals = self._signals.install()
         try:
             return self._run()
         finally:
@@ -197,6 +189,8 @@ class Manager:
             log.error("cannot start metrics/probe servers", error=str(exc))
             self._stop_servers()
             return 1
+        if self._events is not None:
+            self._events.start()
         self._start_informers()
         outcome = self._wait_for_caches()
         code = 1 if outcome == "failed" else 0
@@ -207,8 +201,8 @@ class Manager:
             # its Python handler once the main thread executes bytecode again.
             while not self._stop.wait(_SIGNAL_POLL_INTERVAL):
                 pass
-            if self._signal_name is not None:
-                log.info("signal received, shutting down", signal=self._signal_name)
+            if self._signals.received is not None:
+                log.info("signal received, shutting down", signal=self._signals.received)
             code = 1 if self._lost_leadership else 0
         return max(code, self._shutdown())
 
@@ -331,10 +325,10 @@ class Manager:
     # -- stopping ---------------------------------------------------------------------
 
     def _shutdown(self) -> int:
-        """Stop in order; 1 if the workers did not drain within the grace period.
+        """Stop in order within one budget; 1 if the workers did not drain in their share.
 
-        After lost leadership there is no grace period (controller-runtime skips it
-        too): another replica may lead one lease duration after our last renewal, and a
+        After lost leadership there is no drain (controller-runtime skips it too):
+        another replica may lead one lease duration after our last renewal, and a
         reconcile allowed to finish (a Himitsu fetch may take 30 s) would write next to
         it. The process exits with its workers still in flight instead.
         """
@@ -342,61 +336,52 @@ class Manager:
             self._stopping = True
             lost = self._lost_leadership
         self._stop.set()
-        grace = 0.0 if lost else self._graceful_shutdown_timeout
-        deadline = time.monotonic() + grace
-        drained = True
-        for controller in self._controllers:
-            remaining = max(0.0, deadline - time.monotonic())
-            drained = controller.stop(drain_timeout=remaining) and drained
-        self._runnable_stop.set()
-        for thread in self._runnable_threads.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
-            drained = drained and not thread.is_alive()
+        budget = Budget(self._graceful_shutdown_timeout)
+        reserve = min(SHUTDOWN_RESERVE, budget.total / 2)
+        drained = budget.run("workers", self._stop_workers, cap=0.0 if lost else None,
+                             keep=reserve)
         if lost:
             log.info("leadership lost: not waiting for in-flight reconciles", drained=drained)
         elif not drained:
             log.error("workers did not finish within the graceful shutdown timeout",
                       timeout_seconds=self._graceful_shutdown_timeout)
-        self._elector_stop.set()  # releases the Lease, now that no worker is writing
-        if self._elector_thread is not None:
-            self._elector_thread.join(_JOIN_TIMEOUT)
-        self._informer_stop.set()
-        informer_deadline = time.monotonic() + _JOIN_TIMEOUT
-        for thread in self._informer_threads.values():
-            thread.join(max(0.0, informer_deadline - time.monotonic()))
+        # Events before the release: once the Lease is released the write gate is shut.
+        budget.run("events", self._flush_events, cap=EVENT_FLUSH_TIMEOUT)
+        budget.run("lease", self._release_lease, cap=LEASE_RELEASE_TIMEOUT)
+        budget.run("informers", self._stop_informers, cap=INFORMER_STOP_TIMEOUT)
         self._stop_servers()
-        log.info("manager stopped")
+        self.shutdown_steps = budget.steps
+        unfinished = [step.name for step in budget.steps if not step.finished]
+        log.info("manager stopped", unfinished=unfinished or None)
         return 0 if drained else 1
+
+    def _stop_workers(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        drained = True
+        for controller in self._controllers:
+            remaining = max(0.0, deadline - time.monotonic())
+            drained = controller.stop(drain_timeout=remaining) and drained
+        self._runnable_stop.set()
+        return join_all(self._runnable_threads.values(),
+                        max(0.0, deadline - time.monotonic())) and drained
+
+    def _flush_events(self, seconds: float) -> bool:
+        return self._events is None or self._events.stop(seconds)
+
+    def _release_lease(self, seconds: float) -> bool:
+        self._elector_stop.set()  # releases the Lease, now that no worker is writing
+        threads = [] if self._elector_thread is None else [self._elector_thread]
+        return join_all(threads, seconds)
+
+    def _stop_informers(self, seconds: float) -> bool:
+        self._informer_stop.set()
+        return join_all(self._informer_threads.values(), seconds)
 
     def _stop_servers(self) -> None:
         if self._metrics_server is not None:
             self._metrics_server.stop()
             self._metrics_server = None
         self._probes.stop()
-
-    def _install_signal_handlers(self) -> Callable[[], None]:
-        """SIGTERM/SIGINT set the stop event; a second one exits at once (stuck drain)."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def handle(signum: int, frame: FrameType | None) -> None:
-            if self._signal_name is not None:
-                os.write(2, b"second signal received, exiting immediately\n")
-                os._exit(1)
-            self._signal_name = signal.Signals(signum).name
-            # Event.set takes a lock the interrupted main thread may hold: set it from
-            # a fresh thread rather than risk a self-deadlock inside the handler.
-            threading.Thread(target=self._stop.set, name="signal-stop", daemon=True).start()
-
-        for sig in previous:
-            signal.signal(sig, handle)
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-        return restore
 
     # -- probes -----------------------------------------------------------------------
 

@@ -1,0 +1,54 @@
+"""What the manager drives: the shapes of its parts, as protocols.
+
+Why protocols: the manager is generic (it knows no resource, reconciler or Lease), and
+its tests drive it with fakes; these are the only methods it calls on each part.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["ControllerLike", "EventFlusher", "InformerLike", "LeaderElectionFactory",
+           "LeaderElectorLike"]
+
+
+class InformerLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def run(self, stop: threading.Event) -> None: ...
+
+    def has_synced(self) -> bool: ...
+
+    def unhealthy_for(self) -> float: ...
+
+
+class ControllerLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, drain_timeout: float = 30.0) -> bool: ...
+
+    def workers_alive(self) -> bool: ...
+
+
+class EventFlusher(Protocol):
+    """The Event recorder: started before workers, flushed before the Lease release."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = ...) -> bool: ...
+
+
+class LeaderElectorLike(Protocol):
+    def run(self, stop: threading.Event) -> bool: ...
+
+    def is_leader(self) -> bool: ...
+
+
+# (on_started_leading, on_stopped_leading) -> an elector wired to them.
+LeaderElectionFactory = Callable[[Callable[[], None], Callable[[], None]], LeaderElectorLike]
