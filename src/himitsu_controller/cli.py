@@ -34,6 +34,7 @@ from himitsu_controller.runtime.leaderelection import (
 from himitsu_controller.runtime.manager import Manager
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.resync import Resync
+from himitsu_controller.runtime.writegate import WriteGate
 from himitsu_controller.sync import polls
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
@@ -43,8 +44,6 @@ CONTROLLER_NAME = "himitsusecret"
 LEASE_NAME = "himitsu-operator.himitsu.io"
 TARGET_INDEX = "target"
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-# Events still queued at shutdown get this long to reach the apiserver, no more.
-EVENT_FLUSH_TIMEOUT = 2.0
 EVENT_QPS, EVENT_BURST = 20.0, 50
 
 
@@ -111,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_argument("--health-probe-bind-address", default=":8081",
                      help="address for /healthz and /readyz; '0' disables")
     ops.add_argument("--graceful-shutdown-timeout", type=_duration, default=30.0,
-                     metavar="DURATION", help="bound on draining in-flight reconciles (s)")
+                     metavar="DURATION", help="bound on the whole shutdown: draining in-flight "
+                     "reconciles, flushing Events, releasing the Lease, stopping watches (s)")
     ops.add_argument("--kube-api-qps", type=_positive_float, default=150.0,
                      help="client-side request rate limit towards kube-apiserver")
     ops.add_argument("--kube-api-burst", type=_positive_int, default=300,
@@ -143,11 +143,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int:
     workers = args.workers
+    # With leader election, writes (reconciles' and Events') go out only while the gate
+    # says this replica holds the Lease (runtime/writegate.py).
+    gate = WriteGate() if args.leader_elect else None
+    write_gate = gate.remaining if gate is not None else None
     # Each watch holds a pooled connection for its life: two informers, workers, slack.
     rest = RestClient(
         load_api_client(args.kubeconfig, pool_maxsize=workers + 8),
         qps=args.kube_api_qps, burst=args.kube_api_burst,
-        user_agent=f"himitsu-controller/{__version__}",
+        user_agent=f"himitsu-controller/{__version__}", write_gate=write_gate,
     )
     _check_reachable(rest, args.namespace)
     hsecs = Informer(
@@ -164,7 +168,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     # 1,000 HimitsuSecrets writes 1,000 Events).
     recorder = EventRecorder(
         RestClient(load_api_client(args.kubeconfig, pool_maxsize=2),
-                   qps=EVENT_QPS, burst=EVENT_BURST,
+                   qps=EVENT_QPS, burst=EVENT_BURST, write_gate=write_gate,
                    user_agent=f"himitsu-controller/{__version__} events"),
         component=kube.COMPONENT, reporting_controller=kube.REPORTING_CONTROLLER,
         instance=socket.gethostname(),
@@ -179,14 +183,10 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     manager = Manager(
         metrics_bind_address=args.metrics_bind_address,
         health_probe_bind_address=args.health_probe_bind_address,
-        # The elector gets its own client so a renewal never waits behind reconcile
-        # traffic in the client-side rate limiter.
-        leader_election=_leader_election(
-            RestClient(load_api_client(args.kubeconfig, pool_maxsize=2),
-                       user_agent=f"himitsu-controller/{__version__} leader-election"),
-            args,
-        ) if args.leader_elect else None,
+        leader_election=_leader_election(elector_client(args.kubeconfig), args, gate)
+        if gate is not None else None,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+        events=recorder,
     )
     manager.add_informer(hsecs)
     manager.add_informer(secrets)
@@ -196,14 +196,19 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
             "resync", Resync(hsecs.store.keys, ctrl.enqueue_after, period=args.sync_period).run)
     log.info("starting", version=__version__, namespace=args.namespace or "*",
              leader_elect=args.leader_elect, workers=workers)
-    # Only reconciles (on the leader) produce Events; the recorder runs for the whole
-    # process anyway, and stops once manager.run has stopped the workers that feed it.
-    recorder.start()
+    # The manager starts the recorder, and flushes it once the workers that feed it stopped.
     try:
         return manager.run(stop)
     finally:
-        recorder.stop(EVENT_FLUSH_TIMEOUT)
         client.close()
+
+
+def elector_client(kubeconfig: str | None) -> RestClient:
+    """The elector's own client: a renewal never waits behind reconcile traffic in the
+    rate limiter, and nothing retries behind its back (no urllib3 retry, no 429 sleep),
+    so each request of a renewal keeps to the renew deadline."""
+    return RestClient(load_api_client(kubeconfig, pool_maxsize=2, retries=0), max_retries=0,
+                      user_agent=f"himitsu-controller/{__version__} leader-election")
 
 
 def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
@@ -244,7 +249,7 @@ def _target_index(obj: dict[str, Any]) -> list[str]:
     return [f"{namespace}/{target}"] if isinstance(target, str) and target else []
 
 
-def _leader_election(rest: RestClient, args: argparse.Namespace) -> Any:
+def _leader_election(rest: RestClient, args: argparse.Namespace, gate: WriteGate) -> Any:
     namespace = args.leader_election_namespace or _pod_namespace() or "default"
     config = LeaderElectionConfig(
         namespace=namespace, name=args.leader_election_id, identity=default_identity(),
@@ -257,7 +262,7 @@ def _leader_election(rest: RestClient, args: argparse.Namespace) -> Any:
 
     def factory(on_started: Any, on_stopped: Any) -> LeaderElector:
         return LeaderElector(rest, config, on_started_leading=on_started,
-                             on_stopped_leading=on_stopped)
+                             on_stopped_leading=on_stopped, gate=gate)
 
     return factory
 
