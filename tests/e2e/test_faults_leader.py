@@ -12,6 +12,10 @@ both replicas' would-be writes (Secrets, status, Events) coming, and then
 * the audit log, which names the ServiceAccount behind every write, shows the writes of
   the replicas as consecutive eras (first leader, standby, restarted replica) that never
   overlap: after one replica's first write, the one before it wrote nothing more.
+
+And when only the leader's connections hang (a proxy in front of the apiserver for that
+process freezes), it stops writing before its Lease can be taken, gives up within the
+renew deadline, and writes nothing once its network comes back.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ import itertools
 import secrets
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from . import cluster_setup
 from .cluster_setup import Cluster
@@ -31,11 +39,13 @@ from .faultkit import AuditEntry, AuditLog, leading, log_events, operator_user
 from .harness import Harness, Sync
 from .kubehelp import KubeApi, wait_for
 from .operator_proc import OperatorLauncher, OperatorProcess
+from .tcpproxy import FreezableProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_only, pytest.mark.faults]
 
 SECOND_SA = "himitsu-operator-b"
 THIRD_SA = "himitsu-operator-c"
+HUNG_SA = "himitsu-operator-d"
 LEASE = ("12s", "8s", "1s")  # duration, renew deadline, retry period
 LEASE_DURATION, RETRY_PERIOD = 12.0, 1.0
 JITTER_FACTOR = 1.2  # client-go's, for the acquire loop
@@ -56,6 +66,30 @@ def third_kubeconfig(kube: KubeApi, operator_kubeconfig: str, session_dir: Path)
     cluster_setup.add_service_account(kube, THIRD_SA)
     return str(cluster_setup.service_account_kubeconfig(
         kube, THIRD_SA, session_dir / "faults-operator-c.kubeconfig"))
+
+
+@dataclass
+class Proxied:
+    proxy: FreezableProxy
+    kubeconfig: str
+
+
+@pytest.fixture
+def proxied(kube: KubeApi, operator_kubeconfig: str, session_dir: Path) -> Iterator[Proxied]:
+    """An identity of its own that reaches the apiserver through a FreezableProxy."""
+    cluster_setup.add_service_account(kube, HUNG_SA)
+    path = cluster_setup.service_account_kubeconfig(
+        kube, HUNG_SA, session_dir / "faults-operator-d.kubeconfig")
+    config = yaml.safe_load(path.read_text())
+    server = urlsplit(config["clusters"][0]["cluster"]["server"])
+    assert server.hostname and server.port, server
+    proxy = FreezableProxy((server.hostname, server.port)).start()
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    path.write_text(yaml.safe_dump(config))
+    try:
+        yield Proxied(proxy, str(path))
+    finally:
+        proxy.stop()
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +245,54 @@ def test_a_leader_that_cannot_renew_stops_writing_before_a_standby_leads(
     users = [era[0].user for era in _eras(writes)]
     assert users == [operator_user(THIRD_SA), operator_user(SECOND_SA)], (
         f"the replica that lost its Lease wrote after the new leader began: {users}")
+
+
+def _logged_at(record: dict[str, object]) -> float:
+    return datetime.fromisoformat(str(record["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+def test_a_leader_whose_connections_hang_writes_nothing_once_its_lease_can_be_taken(
+        h: Harness, ns: str, cluster: Cluster, replicas: Replicas, proxied: Proxied) -> None:
+    """Only the leader's connections hang, the standby's work; later they come back.
+
+    The leader's renewals get no answer, nor do its reconciles' writes. It must stop
+    writing before the standby may take the Lease (renew deadline after its last renewal
+    was sent) and give up within the renew deadline however its requests hang. Then the
+    proxy resets the hung connections and forwards new ones: a leader that still thought
+    it led (its renewals waiting out retries) would now write next to the new one.
+    """
+    assert cluster.audit_log_path is not None
+    audit = AuditLog(cluster.audit_log_path)
+    lease = replicas.lease
+    replicas.kubeconfigs[HUNG_SA] = proxied.kubeconfig
+    leader = replicas.start(HUNG_SA, "hung-leader", timings=SHORT_LEASE)
+    wait_for(lambda: leading(leader, lease), timeout=30, what="the proxied replica to lead")
+    standby = replicas.start(SECOND_SA, "standby", timings=SHORT_LEASE)
+    wait_for(lambda: log_events(standby, "lease holder observed"), timeout=30,
+             what="the standby to see the leader's Lease")
+    syncs = [h.sync(ns, "API_KEY", name=f"hung{i}", target=f"hung{i}-secrets", refresh="1s",
+                    auth_name=f"hung-token{i}", wait=False) for i in range(3)]
+    for sync in syncs:
+        h.wait_data(ns, sync.target, sync.values)
+    old, new = operator_user(HUNG_SA), operator_user(SECOND_SA)
+
+    proxied.proxy.freeze()
+    frozen_at = time.time()
+    wait_for(lambda: leading(standby, lease), timeout=TAKEOVER_AFTER_KILL,
+             what="the standby to take over from the leader whose connections hang")
+    wait_for(lambda: any(e.user == new for e in audit.writes(ns, user_prefix=new)),
+             timeout=30, what="the new leader's first write")
+    proxied.proxy.cut()  # the old leader's network is back
+    exit_code = leader.proc.wait(timeout=60)
+    assert exit_code != 0
+    exited = time.time()
+    # The audit log is complete up to the old leader's exit once a later write is in it.
+    wait_for(lambda: any(e.received > exited for e in audit.writes(ns, user_prefix=new)),
+             timeout=30, what="a write of the new leader after the old one exited")
+    writes = audit.writes(ns, user_prefix=operator_user(""))
+    users = [era[0].user for era in _eras(writes)]
+    assert users == [old, new], (
+        f"the leader whose connections hung wrote after the new leader began: {users}")
+    (lost,) = log_events(leader, "leadership lost: could not renew the lease in time")
+    print(f"leader stopped leading {_logged_at(lost) - frozen_at:.1f} s after its "
+          f"connections hung (lease {SHORT_LEASE[0]}, renew deadline {SHORT_LEASE[1]})")
