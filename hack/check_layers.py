@@ -10,8 +10,11 @@ The contract (README, Layout):
 * no import cycle between the package's modules.
 
 Every ``import`` statement counts, including those under ``if TYPE_CHECKING:`` and
-inside functions: a cycle or a layer breach hidden from the runtime is still one for a
-reader. Usage: ``python hack/check_layers.py [SRC_DIR]`` (default ``src``); prints each
+inside functions (a cycle or a layer breach hidden from the runtime is still one for a
+reader), and so do attribute chains into a submodule (``himitsu_controller.kube.X``
+after ``import himitsu_controller``), ``importlib.import_module``/``__import__`` of a
+string, and whatever the package ``__init__``s on an import's path import.
+Usage: ``python hack/check_layers.py [SRC_DIR]`` (default ``src``); prints each
 breach and exits 1 when there is any.
 """
 
@@ -49,26 +52,98 @@ def _resolve(importer: str, is_package: bool, level: int, module: str | None) ->
     return ".".join([*base, module] if module else base)
 
 
-def imports_of(src: Path) -> Iterator[Import]:
-    known = {module_name(src, p) for p in src.rglob("*.py")}
+def _direct_imports(src: Path, known: set[str]) -> dict[str, list[Import]]:
+    """Each module's own imports: statements, attribute chains, and string imports."""
+    out: dict[str, list[Import]] = {}
     for path in sorted(src.rglob("*.py")):
         importer = module_name(src, path)
         is_package = path.name == "__init__.py"
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found = out.setdefault(importer, [])
+        bound: dict[str, str] = {}  # local name -> the module it is bound to
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    yield Import(importer, alias.name, (), node.lineno)
+                    found.append(Import(importer, alias.name, (), node.lineno))
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        bound[top] = top
             elif isinstance(node, ast.ImportFrom):
                 base = _resolve(importer, is_package, node.level, node.module)
                 names = tuple(a.name for a in node.names)
                 # ``from pkg import mod`` imports the module pkg.mod: count it as such.
                 submodules = [n for n in names if f"{base}.{n}" in known]
-                for name in submodules:
-                    yield Import(importer, f"{base}.{name}", (), node.lineno)
+                for alias in node.names:
+                    if alias.name in submodules:
+                        found.append(Import(importer, f"{base}.{alias.name}", (), node.lineno))
+                        bound[alias.asname or alias.name] = f"{base}.{alias.name}"
                 rest = tuple(n for n in names if n not in submodules)
                 if rest or not submodules:
-                    yield Import(importer, base, rest, node.lineno)
+                    found.append(Import(importer, base, rest, node.lineno))
+            elif isinstance(node, ast.Call) and _is_string_import(node):
+                target = node.args[0]
+                assert isinstance(target, ast.Constant)
+                found.append(Import(importer, str(target.value), (), node.lineno))
+        # ``import himitsu_controller`` then ``himitsu_controller.kube.X``: the chain reaches
+        # a module that only some other import happened to load; count it as an import.
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                chain = _dotted(node)
+                if chain is None or chain[0] not in bound:
+                    continue
+                full = ".".join([bound[chain[0]], *chain[1:]]).split(".")
+                deepest = next((".".join(full[:i]) for i in range(len(full), 0, -1)
+                                if ".".join(full[:i]) in known), None)
+                if deepest is not None and deepest != bound[chain[0]]:
+                    found.append(Import(importer, deepest, (), node.lineno))
+    return out
+
+
+def _is_string_import(node: ast.Call) -> bool:
+    func = node.func
+    named = (isinstance(func, ast.Name) and func.id == "__import__") or (
+        isinstance(func, ast.Attribute) and func.attr == "import_module")
+    return named and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(
+        node.args[0].value, str)
+
+
+def _dotted(node: ast.Attribute) -> list[str] | None:
+    parts: list[str] = []
+    cur: ast.expr = node
+    while isinstance(cur, ast.Attribute):
+        parts.append(cur.attr)
+        cur = cur.value
+    if not isinstance(cur, ast.Name):
+        return None
+    return [cur.id, *reversed(parts)]
+
+
+def imports_of(src: Path) -> Iterator[Import]:
+    """Every import a module makes, including those its targets' package ``__init__``s make.
+
+    Importing ``pkg.sub.mod`` runs ``pkg/__init__`` and ``pkg/sub/__init__`` first, so
+    whatever those import is imported too (a re-export there is an import here).
+    """
+    known = {module_name(src, p) for p in src.rglob("*.py")}
+    direct = _direct_imports(src, known)
+    for importer, imports in direct.items():
+        seen: set[str] = set()
+        for imp in imports:
+            yield imp
+            parts = imp.target.split(".")
+            for i in range(1, len(parts)):
+                parent = ".".join(parts[:i])
+                if parent in seen or parent not in known or _within_pkg(importer, parent):
+                    continue
+                seen.add(parent)
+                for inner in direct.get(parent, ()):
+                    yield Import(importer, inner.target, inner.names, imp.line)
+
+
+def _within_pkg(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def _within(module: str, layer: str) -> bool:

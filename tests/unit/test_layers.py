@@ -56,6 +56,24 @@ def test_the_package_keeps_its_layer_contract() -> None:
      "import cycle"),
     ({"himitsu_controller/sync/a.py": "from . import b\n",
       "himitsu_controller/sync/b.py": "from .a import thing\n"}, "import cycle"),
+    # an attribute chain reaches a module another import happened to load
+    ({"himitsu_controller/sync/reconciler.py":
+      "import himitsu_controller\nK = lambda: himitsu_controller.kube.KubeClient\n",
+      "himitsu_controller/kube.py": ""}, "adapter or the CLI"),
+    ({"himitsu_controller/runtime/controller.py":
+      "import importlib\nR = importlib.import_module('himitsu_controller.sync.reconciler')\n",
+      "himitsu_controller/sync/reconciler.py": ""}, "runtime/ must not import"),
+    ({"himitsu_controller/sync/reconciler.py": "K = __import__('himitsu_controller.cli')\n",
+      "himitsu_controller/cli.py": ""}, "adapter or the CLI"),
+    # importing sync.ports runs sync/__init__: a re-export there is an import of the reconciler
+    ({"himitsu_controller/sync/__init__.py": "from himitsu_controller.sync.reconciler import R\n",
+      "himitsu_controller/sync/reconciler.py": "R = 1\n",
+      "himitsu_controller/kube.py": "from himitsu_controller.sync.ports import Kube\n",
+      "himitsu_controller/sync/ports.py": ""}, "only sync.ports"),
+    ({"himitsu_controller/sync/status.py":
+      "from himitsu_controller import sync\ndef f():\n    return sync.reconciler\n",
+      "himitsu_controller/sync/reconciler.py": "from himitsu_controller.sync import status\n"},
+     "import cycle"),
 ])
 def test_each_breach_of_the_contract_is_reported(
     tmp_path: Path, files: dict[str, str], expected: str,
