@@ -159,7 +159,9 @@ class Operator:
         argv = [sys.executable, "-m", "himitsu_controller", "--kubeconfig", str(kubeconfig),
                 "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
                 "--health-probe-bind-address", f"127.0.0.1:{self.probe_port}",
-                "--log-format", "json", "--log-level", "info", *extra_args]
+                "--log-format", "json", "--log-level", "info",
+                # The stand-in is plain http on loopback (production refuses http).
+                "--allow-insecure-http", *extra_args]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
         self.argv = argv

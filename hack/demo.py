@@ -215,6 +215,10 @@ class Demo:
                          "--kubeconfig", str(self.kubeconfig),
                          "--metrics-bind-address", f"127.0.0.1:{metrics}",
                          "--health-probe-bind-address", f"127.0.0.1:{probes}",
+                         # Tokens go to the stand-in and nowhere else; it speaks plain
+                         # http on loopback, which production refuses.
+                         "--allowed-api-urls", self.state["standin"]["url"],
+                         "--allow-insecure-http",
                          "--log-format", "json"], self.dir / "operator.log")
         record.update({"metrics": metrics, "probes": probes})
         self.state["operator"] = record

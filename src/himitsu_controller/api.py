@@ -40,6 +40,9 @@ ANN_DATA_HASH = "himitsu.io/data-hash"
 ANN_MANAGED_KEYS = "himitsu.io/managed-keys"
 # On the HimitsuSecret: any new value forces one full fetch.
 ANN_FORCE_SYNC = "himitsu.io/force-sync"
+# On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
+# token may be sent to (narrower than --allowed-api-urls, never wider).
+ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
 
 FORMATS = ("KeyValue", "Dotenv", "Json")
 POLICIES = ("Owner", "Merge")

@@ -35,7 +35,7 @@ from himitsu_controller.runtime.manager import Manager
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.runtime.writegate import WriteGate
-from himitsu_controller.sync import polls
+from himitsu_controller.sync import allowlist, polls
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 log = structlog.get_logger(__name__)
@@ -45,6 +45,9 @@ LEASE_NAME = "himitsu-operator.himitsu.io"
 TARGET_INDEX = "target"
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 EVENT_QPS, EVENT_BURST = 20.0, 50
+# What deploy/manager/manager.yaml ships in HIMITSU_API_URLS: left as is, the operator
+# refuses to start (`make deploy HIMITSU_API_URLS=...` replaces it).
+API_URLS_PLACEHOLDER = "REPLACE-WITH-YOUR-HIMITSU-API-URLS"
 
 
 def _duration(text: str) -> float:
@@ -118,8 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="client-side burst towards kube-apiserver")
     hm = p.add_argument_group("Himitsu API")
     hm.add_argument("--allowed-api-urls", default="",
-                    help="comma-separated URL prefixes a HimitsuSecret's apiUrl must start with; "
-                         "empty allows any")
+                    help="comma-separated Himitsu URL prefixes a HimitsuSecret's apiUrl must "
+                         "be under (set it in production: empty lets any HimitsuSecret send "
+                         "its token anywhere, and says so in a warning and a metric)")
+    hm.add_argument("--allow-insecure-http", action="store_true",
+                    help="accept plain http:// apiUrls (tokens in clear text: a loopback or "
+                         "in-cluster test server only)")
     hm.add_argument("--himitsu-ca-file", default=None,
                     help="CA bundle for a self-hosted Himitsu (REQUESTS_CA_BUNDLE is honoured too)")
     lg = p.add_argument_group("logging")
@@ -142,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int:
+    allowed = _allowed_api_urls(args)
     workers = args.workers
     # With leader election, writes (reconciles' and Events') go out only while the gate
     # says this replica holds the Lease (runtime/writegate.py).
@@ -176,7 +184,8 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     reconciler = HimitsuSecretReconciler(
         kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store,
                         events=recorder),
-        polls.SharedPoller(client), allowed_api_urls=args.allowed_api_urls.split(","),
+        polls.SharedPoller(client), allowed_api_urls=allowed,
+        allow_insecure_http=args.allow_insecure_http,
     )
     ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=workers)
     _wire_events(ctrl, hsecs, secrets)
@@ -201,6 +210,29 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         return manager.run(stop)
     finally:
         client.close()
+
+
+def _allowed_api_urls(args: argparse.Namespace) -> list[str]:
+    """The --allowed-api-urls entries, checked: ConfigError (one line, exit 1) for the
+    install placeholder, an entry that is not a URL, or plain http without the flag."""
+    entries = [e.strip() for e in args.allowed_api_urls.split(",") if e.strip()]
+    if API_URLS_PLACEHOLDER in entries:
+        raise ConfigError(
+            f"--allowed-api-urls is still the install placeholder {API_URLS_PLACEHOLDER}: set "
+            "HIMITSU_API_URLS in deploy/manager/manager.yaml to your Himitsu API URL(s), or "
+            "deploy with `make deploy HIMITSU_API_URLS=https://himitsu.example.com`")
+    try:
+        unrestricted = allowlist.AllowList(
+            entries, allow_insecure_http=args.allow_insecure_http).unrestricted
+    except allowlist.InvalidPrefix as exc:
+        raise ConfigError(str(exc)) from None
+    metrics.api_urls_unrestricted.set(1 if unrestricted else 0)
+    if unrestricted:
+        log.warning("no --allowed-api-urls: any HimitsuSecret may have its token sent to any "
+                    "URL; set it to your Himitsu API URL(s)")
+    if args.allow_insecure_http:
+        log.warning("--allow-insecure-http: tokens may be sent over plain http")
+    return entries
 
 
 def elector_client(kubeconfig: str | None) -> RestClient:

@@ -3,7 +3,8 @@
 Reads come from informer caches wherever they can, because the steady-state promise is
 one apiserver request per poll (the status patch): the HimitsuSecret from its informer,
 the target from the Secret informer (which only sees Secrets labelled
-``himitsu.io/managed=true``), and the token from a small cache that is re-read at most
+``himitsu.io/managed=true``), and the token (with its Secret's
+``himitsu.io/allowed-api-urls`` annotation) from a small cache that is re-read at most
 every five minutes, and at once after Himitsu rejects it. Anything not in a cache (a
 target not yet adopted, a deleted one, the token Secret) is read directly.
 
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 from himitsu_controller import api
 from himitsu_controller.runtime.events import EVENTS, EventSink, build_event
 from himitsu_controller.runtime.rest import ApiError, Resource, RestClient, TransportError
-from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
+from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound, SecretValue
 
 SECRETS = Resource("", "v1", "secrets")
 HIMITSU_SECRETS = Resource(api.GROUP, api.VERSION, api.PLURAL)
@@ -53,7 +54,8 @@ class KubeClient:
         self._token_ttl = token_ttl
         self._clock = clock
         self._instance = instance or socket.gethostname()
-        self._tokens: dict[tuple[str, str, str], tuple[float, bytes]] = {}
+        # The value and the Secret's allowed-api-urls annotation, read together.
+        self._tokens: dict[tuple[str, str, str], tuple[float, SecretValue]] = {}
         self._readers: dict[tuple[str, str, str], threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -84,7 +86,7 @@ class KubeClient:
                 return None
             raise _kube_error(exc, f"reading Secret {name!r}") from None
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+    def read_secret_value(self, namespace: str, name: str, key: str) -> SecretValue:
         ident = (namespace, name, key)
         cached = self._cached_value(ident)
         if cached is not None:
@@ -98,7 +100,7 @@ class KubeClient:
                 return cached
             return self._read_value(namespace, name, key)
 
-    def _cached_value(self, ident: tuple[str, str, str]) -> bytes | None:
+    def _cached_value(self, ident: tuple[str, str, str]) -> SecretValue | None:
         with self._lock:
             hit = self._tokens.get(ident)
         now = self._clock()
@@ -108,21 +110,24 @@ class KubeClient:
         with self._lock:
             return self._readers.setdefault(ident, threading.Lock())
 
-    def _read_value(self, namespace: str, name: str, key: str) -> bytes | None:
+    def _read_value(self, namespace: str, name: str, key: str) -> SecretValue:
         now = self._clock()
         secret = self.get_secret(namespace, name, fresh=True)
         if secret is None:
             raise SecretNotFound(name)
+        bound = ((secret.get("metadata") or {}).get("annotations") or {}).get(
+            api.ANN_ALLOWED_API_URLS)
+        bound = bound if isinstance(bound, str) else None
         encoded = (secret.get("data") or {}).get(key)
         if encoded is None:
-            return None
+            return SecretValue(None, bound)
         try:
-            value = base64.b64decode(encoded, validate=True)
+            found = SecretValue(base64.b64decode(encoded, validate=True), bound)
         except (binascii.Error, ValueError):
-            return b""
+            return SecretValue(b"", bound)
         with self._lock:
-            self._tokens[(namespace, name, key)] = (now, value)
-        return value
+            self._tokens[(namespace, name, key)] = (now, found)
+        return found
 
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
         with self._lock:

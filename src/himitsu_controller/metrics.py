@@ -47,6 +47,13 @@ ready = Gauge(
     ["namespace", "name"], registry=REGISTRY,
 )
 
+api_urls_unrestricted = Gauge(
+    "himitsu_api_urls_unrestricted",
+    "1 when the operator runs without --allowed-api-urls: any HimitsuSecret may have its "
+    "token sent to any URL.",
+    registry=REGISTRY,
+)
+
 
 poll_lateness = Histogram(
     "himitsu_poll_lateness_seconds",

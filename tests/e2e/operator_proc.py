@@ -124,7 +124,9 @@ class OperatorLauncher:
             "--kubeconfig", kubeconfig or self.kubeconfig,
             "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
             "--health-probe-bind-address", f"127.0.0.1:{probe_port}",
-            "--log-format", "json", "--log-level", "debug", *extra,
+            "--log-format", "json", "--log-level", "debug",
+            # The stand-in is plain http on loopback (production refuses http).
+            "--allow-insecure-http", *extra,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("KUBECONFIG", None)  # only --kubeconfig may decide who the operator is

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from himitsu_controller import himitsu
-from himitsu_controller.api import LABEL_MANAGED
-from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
+from himitsu_controller.api import ANN_ALLOWED_API_URLS, LABEL_MANAGED
+from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound, SecretValue
 
 Key = tuple[str, str]
 
@@ -165,13 +165,15 @@ class FakeKube:
             return None
         return copy.deepcopy(found)
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+    def read_secret_value(self, namespace: str, name: str, key: str) -> SecretValue:
         self._maybe_fail("read_secret_value")
         secret = self.secrets.get((namespace, name))
         if secret is None:
             raise SecretNotFound(name)
         encoded = (secret.get("data") or {}).get(key)
-        return None if encoded is None else base64.b64decode(encoded)
+        bound = ((secret.get("metadata") or {}).get("annotations") or {}).get(
+            ANN_ALLOWED_API_URLS)
+        return SecretValue(None if encoded is None else base64.b64decode(encoded), bound)
 
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
         self.calls["forget_secret_value"] += 1

@@ -68,12 +68,14 @@ def make_hsec(**over: Any) -> dict[str, Any]:
 class World:
     """One namespace: a token Secret, a HimitsuSecret, the fakes and a reconciler."""
 
-    def __init__(self, *, allowed: tuple[str, ...] = (), rng: float = 0.0, **spec: Any) -> None:
+    def __init__(self, *, allowed: tuple[str, ...] = (), insecure_http: bool = False,
+                 rng: float = 0.0, **spec: Any) -> None:
         self.kube = FakeKube()
         self.fetcher = FakeFetcher()
         self.clock = Clock()
         self.rng = rng
         self.allowed = allowed
+        self.insecure_http = insecure_http
         self.kube.put_secret({"metadata": {"namespace": NS, "name": "himitsu-token"},
                               "data": {"token": b64(TOKEN)}})
         self.kube.add_himitsu_secret(make_hsec(**spec))
@@ -81,8 +83,8 @@ class World:
 
     def restart(self) -> HimitsuSecretReconciler:
         self.reconciler = HimitsuSecretReconciler(
-            self.kube, self.fetcher, allowed_api_urls=self.allowed, now=self.clock,
-            rng=lambda: self.rng)
+            self.kube, self.fetcher, allowed_api_urls=self.allowed,
+            allow_insecure_http=self.insecure_http, now=self.clock, rng=lambda: self.rng)
         return self.reconciler
 
     def reconcile(self, *script: himitsu.FetchResult | Exception) -> Result:

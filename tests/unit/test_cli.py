@@ -8,15 +8,20 @@ reports reaches the apiserver, and no recorder thread outlives ``run``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from fake_apiserver import Canned, FakeApiServer, Recorded, kubeconfig_for
 
 from himitsu_controller import __version__, api, cli
+from himitsu_controller.runtime.kubeconfig import ConfigError
+from himitsu_controller.runtime.metrics import REGISTRY
 
 TIMEOUT = 30.0
 EVENTS_PATH = "/api/v1/namespaces/apps/events"
@@ -82,3 +87,48 @@ def test_run_sends_reconcile_events_through_the_recorder_and_stops_it(tmp_path: 
     # Sent on the recorder's own client: its own limiter, its own user agent.
     assert post.headers["user-agent"] == f"himitsu-controller/{__version__} events"
     assert recorder_threads() - before == set(), "the recorder outlived cli.run"
+
+
+# --- where tokens may go: checked at start ---------------------------------------------------
+
+
+def unrestricted_gauge() -> float | None:
+    return REGISTRY.get_sample_value("himitsu_api_urls_unrestricted")
+
+
+@pytest.mark.parametrize(("flags", "warned", "gauge"), [
+    ([], True, 1.0),
+    (["--allowed-api-urls", " "], True, 1.0),
+    (["--allowed-api-urls", "https://himitsu.example.com,https://b.example/himitsu"],
+     False, 0.0),
+])
+def test_running_without_an_allow_list_warns_and_says_so_in_a_metric(
+    tmp_path: Path, flags: list[str], warned: bool, gauge: float,
+) -> None:
+    args = cli.build_parser().parse_args(
+        [*flags, "--kubeconfig", str(tmp_path / "none"), "--metrics-bind-address", "0"])
+    with structlog.testing.capture_logs() as logs, pytest.raises(ConfigError):
+        cli.run(args)  # stops at the missing kubeconfig, after the check
+    warnings = [e for e in logs if e["log_level"] == "warning"
+                and "--allowed-api-urls" in e["event"]]
+    assert bool(warnings) == warned
+    assert unrestricted_gauge() == gauge
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--allowed-api-urls", "http://himitsu.example.com"], "--allow-insecure-http"),
+    (["--allowed-api-urls", "https://himitsu.example.com/a/../b"], "entry"),
+    (["--allowed-api-urls", "himitsu.example.com"], "https:// or http://"),
+])
+def test_an_unusable_allow_list_stops_the_operator_with_one_line(
+    tmp_path: Path, flags: list[str], said: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "himitsu_controller", *flags,
+         "--kubeconfig", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert line.startswith("himitsu-controller: error: --allowed-api-urls")
+    assert said in line

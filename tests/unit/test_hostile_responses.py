@@ -253,7 +253,7 @@ def make_client() -> himitsu.HimitsuClient:
 
 def synced_world(url: str, client: himitsu.HimitsuClient) -> World:
     """A HimitsuSecret whose target holds version 5, now fetching through ``client``."""
-    world = World(apiUrl=url)
+    world = World(apiUrl=url, insecure_http=True)  # a loopback server: plain http
     world.sync(5, values(3))
     world.fetcher = SharedPoller(client)  # type: ignore[assignment]
     world.restart()
@@ -369,7 +369,7 @@ def test_controller_workers_survive_hostile_answers(server: HostileServer) -> No
     seen: list[tuple[str, str]] = []  # (behaviour name at the start, reason at the end)
     current = ["good"]
     with make_client() as client:
-        world = World(apiUrl=server.url)
+        world = World(apiUrl=server.url, insecure_http=True)
         # A poller whose clock leaps an hour per reading: its shared answer is always
         # too old, so every reconcile asks the server (no annotation edits needed, which
         # would race with the workers reading the object).

@@ -54,7 +54,8 @@ dns_label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,14}[a-z0-9])?", fullmatch=True)
 dns_host = st.lists(dns_label, min_size=1, max_size=4).map(".".join)
 ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
 ipv6 = st.sampled_from(["[::1]", "[2001:db8::1]", "[::ffff:127.0.0.1]", "[fe80::1]"])
-clean_path = st.lists(st.from_regex(r"[A-Za-z0-9._~-]{1,12}", fullmatch=True),
+clean_path = st.lists(st.from_regex(r"[A-Za-z0-9._~-]{1,12}", fullmatch=True)
+                      .filter(lambda p: p not in (".", "..")),
                       max_size=3).map(lambda parts: "".join("/" + p for p in parts))
 clean_url = st.builds(
     lambda scheme, host, port, path, slash: f"{scheme}://{host}{port}{path}{slash}",
@@ -101,6 +102,11 @@ DANGEROUS_URLS = st.one_of(
                      "https://\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45.com"]),
     # Longer than the CRD's 2048 characters.
     st.builds(lambda n: "https://h.example/" + "a" * n, st.integers(2031, HUGE)),
+    # A path a client or a server would rewrite (the CRD's pattern admits them all).
+    st.builds(lambda url, walk: url.rstrip("/") + walk, clean_url,
+              st.sampled_from(["/..", "/.", "/a/../b", "/%2e%2e", "/%2E%2e/x", "//x",
+                               "/a//b", "/a%2fb", "/a\\b", "/..;/x", "/a;b", "/%41",
+                               "/caf\u00e9", "/a b"])),
 )
 
 bad_names = st.one_of(
@@ -173,8 +179,10 @@ def apply_edit(spec: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 # --- running one spec --------------------------------------------------------------------
 
 
-def world_with(spec: Any, *, allowed: tuple[str, ...] = ()) -> World:
-    world = World(allowed=allowed)
+def world_with(spec: Any, *, allowed: tuple[str, ...] = (), insecure_http: bool = True) -> World:
+    # Plain http allowed unless a test says otherwise: the URLs here probe validation,
+    # and test_allowlist.py proves the http rule.
+    world = World(allowed=allowed, insecure_http=insecure_http)
     world.hsec["spec"] = copy.deepcopy(spec)
     # Whatever spec we are given, a fetch made for it succeeds: a spec that slips through
     # validation shows up as a fetch and a write, never as a fetch failure.

@@ -150,9 +150,9 @@ def test_read_errors_are_kube_errors(h: Harness) -> None:
 
 def test_token_is_decoded_and_cached_for_five_minutes(h: Harness) -> None:
     h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == TOKEN.encode()
     h.clock.now += TOKEN_TTL - 1
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == TOKEN.encode()
     assert len(h.rest.sent) == 1
     h.clock.now += 1
     h.client.read_secret_value("apps", "himitsu-token", "token")
@@ -162,17 +162,17 @@ def test_token_is_decoded_and_cached_for_five_minutes(h: Harness) -> None:
 def test_token_is_read_from_the_apiserver_even_when_cached_by_the_informer(h: Harness) -> None:
     h.secrets.objects["apps/himitsu-token"] = secret("himitsu-token", token="stale")
     h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == TOKEN.encode()
 
 
 def test_forget_makes_the_next_read_fresh(h: Harness) -> None:
     h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token="old"),
                   secret("himitsu-token", token="new"))
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"old"
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == b"old"
     h.client.forget_secret_value("apps", "himitsu-token", "other-key")
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"old"
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == b"old"
     h.client.forget_secret_value("apps", "himitsu-token", "token")
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"new"
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == b"new"
     assert len(h.rest.sent) == 2
 
 
@@ -194,7 +194,8 @@ def test_concurrent_readers_of_one_token_send_one_get() -> None:
                         secrets=DictStore(), clock=clock, instance="pod-1")
     results: list[bytes | None] = []
     threads = [threading.Thread(target=lambda: results.append(
-        client.read_secret_value("apps", "himitsu-token", "token"))) for _ in range(readers)]
+        client.read_secret_value("apps", "himitsu-token", "token").value))
+        for _ in range(readers)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -205,8 +206,23 @@ def test_concurrent_readers_of_one_token_send_one_get() -> None:
 
 def test_token_cache_is_per_key(h: Harness) -> None:
     h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token="a", other="b"))
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b"a"
-    assert h.client.read_secret_value("apps", "himitsu-token", "other") == b"b"
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == b"a"
+    assert h.client.read_secret_value("apps", "himitsu-token", "other").value == b"b"
+
+
+def test_token_comes_with_its_secrets_allowed_api_urls_cached_alongside(h: Harness) -> None:
+    bound = secret("himitsu-token", token=TOKEN)
+    bound["metadata"]["annotations"] = {api.ANN_ALLOWED_API_URLS: "https://himitsu.example.com"}
+    h.rest.answer("GET", TOKEN_PATH, bound)
+    first = h.client.read_secret_value("apps", "himitsu-token", "token")
+    assert first.allowed_api_urls == "https://himitsu.example.com"
+    assert h.client.read_secret_value("apps", "himitsu-token", "token") == first
+    assert len(h.rest.sent) == 1
+    assert TOKEN not in repr(first)
+    h.client.forget_secret_value("apps", "himitsu-token", "token")
+    h.rest.answers.clear()
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").allowed_api_urls is None
 
 
 def test_missing_token_secret_and_key(h: Harness) -> None:
@@ -215,18 +231,18 @@ def test_missing_token_secret_and_key(h: Harness) -> None:
         h.client.read_secret_value("apps", "himitsu-token", "token")
     h.rest.answers.clear()
     h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", other="x"))
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") is None
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value is None
     # A missing key is not cached: adding it is picked up at the next reconcile.
     h.rest.answers.clear()
     h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == TOKEN.encode()
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == TOKEN.encode()
 
 
 def test_undecodable_token_value_reads_as_empty(h: Harness) -> None:
     broken = secret("himitsu-token")
     broken["data"]["token"] = "not base64!"
     h.rest.answer("GET", TOKEN_PATH, broken)
-    assert h.client.read_secret_value("apps", "himitsu-token", "token") == b""
+    assert h.client.read_secret_value("apps", "himitsu-token", "token").value == b""
 
 
 def test_token_read_denied_keeps_the_apiserver_reason(h: Harness) -> None:

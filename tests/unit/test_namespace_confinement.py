@@ -37,7 +37,7 @@ from reconcile_world import API, ENV, PROJECT, TOKEN, fetched, values
 from himitsu_controller import api, cli, himitsu, kube
 from himitsu_controller.runtime.rest import RestClient, new_api_client
 from himitsu_controller.runtime.store import Store
-from himitsu_controller.sync.ports import SecretNotFound
+from himitsu_controller.sync.ports import SecretNotFound, SecretValue
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 # --- the reconciler ---------------------------------------------------------------------
@@ -62,7 +62,7 @@ class RecordingKube(FakeKube):
         self._note("get_secret", namespace)
         return super().get_secret(namespace, name, fresh=fresh, cached=cached)
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+    def read_secret_value(self, namespace: str, name: str, key: str) -> SecretValue:
         self._note("read_secret_value", namespace)
         return super().read_secret_value(namespace, name, key)
 

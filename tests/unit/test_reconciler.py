@@ -548,6 +548,73 @@ def test_a_refused_api_url_is_invalid_spec_without_any_request() -> None:
     assert world.kube.calls["read_secret_value"] == 0
 
 
+def test_a_prefix_walk_is_invalid_spec_without_a_token_read_or_a_request() -> None:
+    """The issue's reproduction: /himitsu/../elsewhere was accepted under /himitsu and
+    requested as /elsewhere/api/v1/..."""
+    world = World(apiUrl="https://himitsu.example.com/himitsu/../elsewhere",
+                  allowed=("https://himitsu.example.com/himitsu",))
+    result = world.reconcile()
+    assert result.error == "InvalidSpec"
+    assert "apiUrl's path" in world.ready()["message"]
+    assert world.fetcher.calls == []
+    assert world.kube.calls["read_secret_value"] == 0
+
+
+def test_the_url_requested_is_the_url_checked() -> None:
+    world = World(apiUrl="HTTPS://Himitsu.Example.com:443/himitsu/v2/",
+                  allowed=("https://himitsu.example.com/himitsu",))
+    world.sync(5)
+    assert [c.api_url for c in world.fetcher.calls] == ["https://himitsu.example.com/himitsu/v2"]
+
+
+def test_plain_http_is_invalid_spec_unless_the_operator_allows_it() -> None:
+    refused = World(apiUrl="http://himitsu.example.com")
+    assert refused.reconcile().error == "InvalidSpec"
+    assert "--allow-insecure-http" in refused.ready()["message"]
+    assert refused.fetcher.calls == [] and refused.kube.calls["read_secret_value"] == 0
+    World(apiUrl="http://himitsu.example.com", insecure_http=True).sync(5)
+
+
+def bind_token(world: World, urls: str) -> None:
+    token = world.kube.secrets[(NS, "himitsu-token")]
+    token["metadata"]["annotations"] = {api.ANN_ALLOWED_API_URLS: urls}
+
+
+def test_a_token_bound_elsewhere_is_invalid_spec_and_sends_nothing() -> None:
+    world = World(apiUrl="https://himitsu.example.com/team-b",
+                  allowed=("https://himitsu.example.com",))
+    bind_token(world, "https://himitsu.example.com/team-a")
+    result = world.reconcile()
+    assert result.error == "InvalidSpec"
+    message = world.ready()["message"]
+    assert f"may only be sent to the URLs in its {api.ANN_ALLOWED_API_URLS}" in message
+    assert world.fetcher.calls == []
+    assert world.kube.writes() == 0
+    (event,) = world.kube.events
+    assert (event.type, event.reason) == ("Warning", "InvalidSpec")
+    # The owner widens it: the refused value was dropped from the cache, so the very next
+    # retry syncs.
+    assert world.kube.forgotten == [(NS, "himitsu-token")]
+    bind_token(world, "https://himitsu.example.com/team-a,https://himitsu.example.com/team-b")
+    world.sync(5)
+
+
+def test_a_himitsu_secret_author_cannot_widen_a_token_binding() -> None:
+    """The binding is read from the token Secret only: the same annotation on the
+    HimitsuSecret (which its author writes) changes nothing."""
+    world = World(apiUrl="https://evil.example")
+    bind_token(world, "https://himitsu.example.com")
+    world.annotate(api.ANN_ALLOWED_API_URLS, "https://evil.example")
+    assert world.reconcile().error == "InvalidSpec"
+    assert world.fetcher.calls == []
+
+
+def test_a_token_bound_to_its_url_syncs() -> None:
+    world = World(apiUrl="https://himitsu.example.com/team-a/")
+    bind_token(world, "https://HIMITSU.example.com:443/team-a")
+    world.sync(5)
+
+
 # --- lifecycle -------------------------------------------------------------------------
 
 

@@ -58,6 +58,9 @@ _TOKEN_LENGTH = 65
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _NETLOC = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|[A-Za-z0-9._-]+)(?::[0-9]*)?")
+# RFC 3986 unreserved characters only: nothing in them is decoded, re-encoded or given a
+# meaning (path parameters, escapes) by requests, urllib3, a proxy or a server.
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
 MAX_API_URL_LENGTH = 2048
 _BACKOFF_CAP = 2.0
 
@@ -158,7 +161,15 @@ def validate_api_url(url: str) -> str:
     """Return the normalised API base URL (lowercase scheme and host, no default port,
     no trailing slash) or raise InvalidInput. The URL is never echoed: it might hold
     credentials. The CRD's rules, again: objects can skip its validation, and its pattern
-    admits URLs no parser makes sense of (``http://[::1``)."""
+    admits URLs no parser makes sense of (``http://[::1``).
+
+    The result is the URL requested, byte for byte, with the API path appended: its path
+    is plain segments that neither requests nor a server rewrites, so a prefix matched
+    on it (``--allowed-api-urls``) is the prefix the request goes to. Anything a client
+    or a server would normalise away (``.`` and ``..`` segments, empty segments,
+    percent-encoding, which requests decodes for ``%2e``, backslashes, ``;`` path
+    parameters) is refused, not resolved: ``/himitsu/../elsewhere`` walks out of
+    ``/himitsu``, and ``/himitsu/%2e%2e/elsewhere`` too, once a server decodes it."""
     candidate = url.strip() if isinstance(url, str) else ""
     if not candidate:
         raise InvalidInput("apiUrl is empty")
@@ -183,10 +194,16 @@ def validate_api_url(url: str) -> str:
     if not _host_is_valid(parts.netloc):
         raise InvalidInput("apiUrl's host must be an ASCII DNS name (xn-- for an "
                            "internationalised one) or an IP address")
-    netloc = f"[{host}]" if ":" in host else host
+    path = parts.path.rstrip("/")
+    if any(not _PATH_SEGMENT.fullmatch(seg) or seg in (".", "..")
+           for seg in path.split("/")[1:]):
+        raise InvalidInput("apiUrl's path must be plain segments of letters, digits and "
+                           "'-._~' (no '.' or '..' segments, no '//', no percent-encoding)")
+    # IPv6: one spelling per address ([::FFFF:7F00:1] is [::ffff:7f00:1]).
+    netloc = f"[{ipaddress.IPv6Address(host).compressed}]" if ":" in host else host
     if port is not None and port != _DEFAULT_PORTS[scheme]:
         netloc = f"{netloc}:{port}"
-    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+    return f"{scheme}://{netloc}{path}"
 
 
 def _host_is_valid(netloc: str) -> bool:

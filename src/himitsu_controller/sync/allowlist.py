@@ -1,32 +1,73 @@
-"""Which Himitsu API URLs a HimitsuSecret may point the operator at (--allowed-api-urls).
+"""Where the operator may send a token: --allowed-api-urls, plain http, the token's own list.
 
-Anyone who may create a HimitsuSecret chooses where the operator sends a request (with
-a token from their namespace). An administrator who lists the Himitsu URLs here turns
-every other apiUrl into InvalidSpec before any request leaves. Prefixes are normalised
-as apiUrl is and matched on URL boundaries.
+Anyone who may create a HimitsuSecret chooses where the operator sends a request, with
+a token from their namespace. Three rules narrow it, each checked before the request:
+
+* the operator-wide prefixes (``--allowed-api-urls``), set by the cluster administrator,
+  checked before the token Secret is even read;
+* plain ``http://`` only with ``--allow-insecure-http`` (a token in clear text);
+* the token Secret's ``himitsu.io/allowed-api-urls`` annotation, written by whoever
+  owns the token: it narrows where that token may go, whatever the operator-wide list
+  allows. A HimitsuSecret author cannot widen it: it is on a Secret they did not write.
+
+Prefixes and apiUrls are normalised by ``himitsu.validate_api_url``, whose output is the
+URL the client requests (it refuses anything a client or server would rewrite, such as
+``..``), and matched on path-segment boundaries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from himitsu_controller import himitsu
+from himitsu_controller import api, himitsu
+
+__all__ = ["AllowList", "InvalidPrefix", "NotAllowed", "check_token_binding"]
 
 
 class NotAllowed(Exception):
-    """The apiUrl is invalid or outside the allow-list; ``str()`` is safe to show."""
+    """The apiUrl is invalid or not allowed; ``str()`` is safe to show."""
+
+
+class InvalidPrefix(ValueError):
+    """An operator-wide prefix is unusable; ``str()`` says which and why (for the CLI)."""
 
 
 class AllowList:
-    def __init__(self, prefixes: Iterable[str]) -> None:
-        self._prefixes = [_normalise(p) for p in prefixes if p.strip()]
+    def __init__(self, prefixes: Iterable[str], *, allow_insecure_http: bool = False) -> None:
+        self._insecure = allow_insecure_http
+        self._prefixes: list[str] = []
+        for entry in (p.strip() for p in prefixes):
+            if not entry:
+                continue
+            # Shown to say which entry is wrong, unless it may hold a password.
+            shown = repr(entry[:100]) if "@" not in entry else "(not shown)"
+            try:
+                prefix = himitsu.validate_api_url(entry)
+            except himitsu.HimitsuError as exc:
+                raise InvalidPrefix(f"--allowed-api-urls entry {shown}: "
+                                    f"{exc.message.replace('apiUrl', 'the URL')}") from None
+            if prefix.startswith("http://") and not allow_insecure_http:
+                raise InvalidPrefix(
+                    f"--allowed-api-urls entry {shown} is plain http://, which sends "
+                    "tokens unencrypted; use https://, or pass --allow-insecure-http")
+            self._prefixes.append(prefix)
+
+    @property
+    def unrestricted(self) -> bool:
+        """No operator-wide list: any https (or allowed http) apiUrl is accepted."""
+        return not self._prefixes
 
     def check(self, api_url: str) -> str:
-        """The normalised apiUrl, or NotAllowed saying what to do about it."""
+        """The normalised apiUrl (the URL to request), or NotAllowed saying what to do."""
         try:
             url = himitsu.validate_api_url(api_url)
         except himitsu.HimitsuError as exc:
             raise NotAllowed(str(exc)) from None
+        if url.startswith("http://") and not self._insecure:
+            raise NotAllowed(
+                "apiUrl is plain http://, which would send the token unencrypted; use "
+                "https://, or ask the cluster administrator to run the operator with "
+                "--allow-insecure-http")
         if self._prefixes and not any(_under(url, p) for p in self._prefixes):
             raise NotAllowed(
                 f"apiUrl {api_url[:100]!r} is not in the operator's --allowed-api-urls; "
@@ -34,16 +75,37 @@ class AllowList:
         return url
 
 
-def _normalise(prefix: str) -> str:
-    """Normalise an allowed prefix as apiUrl is (host case, default port, trailing slash),
-    or an operator's ``https://Himitsu.example.com:443/`` would refuse every apiUrl."""
-    try:
-        return himitsu.validate_api_url(prefix)
-    except himitsu.HimitsuError:
-        return prefix.strip().rstrip("/")
+def check_token_binding(annotation: str | None, url: str, *, secret: str) -> None:
+    """NotAllowed unless the normalised ``url`` is under one of the prefixes of the token
+    Secret's ``himitsu.io/allowed-api-urls`` annotation (None: absent, no binding).
+
+    Fails closed: an annotation that is present but blank allows nowhere, and one entry
+    that is not a URL refuses every apiUrl (its owner meant to restrict the token).
+    The prefixes are not shown: nothing here needs them, and whoever asks may not read
+    the Secret.
+    """
+    if annotation is None:
+        return
+    prefixes = []
+    for entry in (e.strip() for e in annotation.split(",")):
+        if not entry:
+            continue
+        try:
+            prefixes.append(himitsu.validate_api_url(entry))
+        except himitsu.HimitsuError:
+            raise NotAllowed(
+                f"the {api.ANN_ALLOWED_API_URLS} annotation of token Secret {secret!r} holds "
+                "an entry that is not an http(s) URL, so the token is sent nowhere; "
+                "ask the token's owner to fix it") from None
+    if not any(_under(url, p) for p in prefixes):
+        raise NotAllowed(
+            f"token Secret {secret!r} may only be sent to the URLs in its "
+            f"{api.ANN_ALLOWED_API_URLS} annotation and apiUrl is not one of them; use "
+            "the Himitsu URL the token is meant for, or ask the token's owner")
 
 
 def _under(url: str, prefix: str) -> bool:
-    """Prefix match on URL boundaries: ``https://a.example`` must not allow ``https://a.example.evil``."""
-    base = prefix.rstrip("/")
-    return url == base or url.startswith(base + "/")
+    """Prefix match on URL boundaries: ``https://a.example`` must not allow
+    ``https://a.example.evil``, nor ``/himitsu`` allow ``/himitsu-other``. Both sides are
+    normalised (no trailing slash, no dot segments), so a string match is a path match."""
+    return url == prefix or url.startswith(prefix + "/")

@@ -11,11 +11,12 @@ reconcile itself.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from himitsu_controller import himitsu
 
-__all__ = ["Conflict", "Fetcher", "Kube", "KubeError", "SecretNotFound"]
+__all__ = ["Conflict", "Fetcher", "Kube", "KubeError", "SecretNotFound", "SecretValue"]
 
 
 class KubeError(Exception):
@@ -35,12 +36,22 @@ class SecretNotFound(Exception):
     """The Secret named by authSecretRef does not exist."""
 
 
+@dataclass(frozen=True)
+class SecretValue:
+    """One key of a Secret (None: no such key), with the Secret's
+    ``himitsu.io/allowed-api-urls`` annotation (None: absent), so a token comes with
+    where its owner lets it go."""
+
+    value: bytes | None = field(repr=False)  # a token: never in a repr
+    allowed_api_urls: str | None = None
+
+
 class Kube(Protocol):
     def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def get_secret(
         self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
     ) -> dict[str, Any] | None: ...
-    def read_secret_value(self, namespace: str, name: str, key: str) -> bytes | None: ...
+    def read_secret_value(self, namespace: str, name: str, key: str) -> SecretValue: ...
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None: ...
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
     def dry_run_create_secret(self, namespace: str, body: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from himitsu_controller.sync import allowlist, polls, render, schedule, targets,
 from himitsu_controller.sync.expectations import Memory, resource_version
 from himitsu_controller.sync.ports import Fetcher, Kube, KubeError
 from himitsu_controller.sync.status import StatusWriter
-from himitsu_controller.sync.tokens import TokenError, TokenReader
+from himitsu_controller.sync.tokens import TokenError, TokenNotAllowed, TokenReader
 
 log = structlog.get_logger(__name__)
 
@@ -64,13 +64,15 @@ class _Context:
 class HimitsuSecretReconciler:
     def __init__(
         self, kube: Kube, fetcher: Fetcher, *, allowed_api_urls: Sequence[str] = (),
+        allow_insecure_http: bool = False,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._kube = kube
         self._tokens = TokenReader(kube)
         self._fetcher = fetcher
-        self._allowed = allowlist.AllowList(allowed_api_urls)
+        self._allowed = allowlist.AllowList(
+            allowed_api_urls, allow_insecure_http=allow_insecure_http)
         self._now = now
         self._rng = rng
         self._status = StatusWriter(kube, now=now)
@@ -93,8 +95,10 @@ class HimitsuSecretReconciler:
         spec: api.Spec | None = None
         try:
             spec = api.parse_spec(obj)
-            self._check_api_url(spec)
-            return self._sync(ctx, spec)
+            # Before anything is read or sent: a URL outside the allow-list costs no
+            # token read, and the URL checked is the one requested.
+            api_url = self._check_api_url(spec)
+            return self._sync(ctx, spec, api_url)
         except api.InvalidSpec as exc:
             return self._failed(ctx, spec, _Failure("InvalidSpec", str(exc)))
         except _Failure as failure:
@@ -108,7 +112,7 @@ class HimitsuSecretReconciler:
 
     # -- the happy path -------------------------------------------------------------
 
-    def _sync(self, ctx: _Context, spec: api.Spec) -> Result:
+    def _sync(self, ctx: _Context, spec: api.Spec, api_url: str) -> Result:
         mem = self._remember(ctx)
         mem.interval = spec.refresh_interval  # for the lag gauge
         deferred = self._defer_after_restart(ctx, spec, mem)
@@ -117,7 +121,7 @@ class HimitsuSecretReconciler:
         idle = self._woken_idle(ctx, spec, mem)
         if idle is not None:
             return idle
-        token = self._token(ctx.owner.namespace, spec)
+        token = self._token(ctx.owner.namespace, spec, api_url)
         target = self._read_target(ctx, spec, mem)
         try:
             targets.check_ownership(
@@ -128,7 +132,8 @@ class HimitsuSecretReconciler:
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
         known = self._known_version(ctx, spec, target)
-        result = self._fetch(ctx, spec, token, known, window=self._window(spec, mem))
+        result = self._fetch(ctx, spec, token, known, window=self._window(spec, mem),
+                             api_url=api_url)
         polled = self._now().timestamp()
         answered = polled - result.age
         if schedule.is_due(polled, mem.due):
@@ -260,15 +265,18 @@ class HimitsuSecretReconciler:
         if mem.target_rv is not None and resource_version(target) == mem.target_rv:
             mem.cache_has_write = True
 
-    def _token(self, namespace: str, spec: api.Spec) -> str:
+    def _token(self, namespace: str, spec: api.Spec, api_url: str) -> str:
         try:
-            return self._tokens.read(namespace, spec.auth_secret_name, spec.auth_secret_key)
+            return self._tokens.read(namespace, spec.auth_secret_name, spec.auth_secret_key,
+                                     api_url=api_url)
+        except TokenNotAllowed as exc:
+            raise _Failure("InvalidSpec", str(exc)) from None
         except TokenError as exc:
             raise _Failure("AuthenticationFailure", str(exc)) from None
 
     def _fetch(
         self, ctx: _Context, spec: api.Spec, token: str, known: int | None, *,
-        window: float,
+        window: float, api_url: str,
     ) -> himitsu.FetchResult:
         # A user's force-sync asks Himitsu itself; otherwise an answer shared with other
         # HimitsuSecrets reading the same source is fine within `window`
@@ -277,7 +285,7 @@ class HimitsuSecretReconciler:
         max_age = 0.0 if forced else window
         try:
             result = self._fetcher.fetch(
-                api_url=spec.api_url, project_id=spec.project_id,
+                api_url=api_url, project_id=spec.project_id,
                 environment_id=spec.environment_id, token=token, known_version=known,
                 max_age=max_age,
             )
@@ -379,9 +387,9 @@ class HimitsuSecretReconciler:
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
                                      due=mem.due, answered=mem.answered)
 
-    def _check_api_url(self, spec: api.Spec) -> None:
+    def _check_api_url(self, spec: api.Spec) -> str:
         try:
-            self._allowed.check(spec.api_url)
+            return self._allowed.check(spec.api_url)
         except allowlist.NotAllowed as exc:
             raise _Failure("InvalidSpec", str(exc)) from None
 
