@@ -12,6 +12,9 @@ IMG ?= ghcr.io/himitsu-io/himitsu-controller:0.1.0
 KIND ?= kind
 KIND_CLUSTER ?= himitsu-e2e
 PYTEST_ARGS ?=
+# make deploy: where the operator may send tokens (--allowed-api-urls); required.
+HIMITSU_API_URLS ?=
+API_URLS_PLACEHOLDER := REPLACE-WITH-YOUR-HIMITSU-API-URLS
 
 ##@ Develop
 .PHONY: help
@@ -92,8 +95,14 @@ uninstall: ## Delete the CRD (and with it every HimitsuSecret)
 	$(KUBECTL) delete --ignore-not-found -f deploy/crd/himitsu.io_himitsusecrets.yaml
 
 .PHONY: deploy
-deploy: ## Apply CRD, RBAC and the operator Deployment (kustomize: deploy/)
-	$(KUBECTL) apply -k deploy/
+deploy: ## Apply CRD, RBAC and the operator (kustomize: deploy/); HIMITSU_API_URLS=https://... required
+	@if [ -z '$(strip $(HIMITSU_API_URLS))' ]; then \
+	  echo "make deploy: set HIMITSU_API_URLS to your Himitsu API URL(s), comma-separated: the operator sends tokens there and nowhere else, e.g." >&2; \
+	  echo "  make deploy HIMITSU_API_URLS=https://himitsu.example.com" >&2; exit 2; fi
+	@case '$(HIMITSU_API_URLS)' in *[!A-Za-z0-9.:/,_~[\]-]*) \
+	  echo "make deploy: HIMITSU_API_URLS may hold only URLs (letters, digits and .:/,_~[]-)" >&2; exit 2;; esac
+	set -o pipefail; $(KUBECTL) kustomize deploy/ \
+	  | sed 's|$(API_URLS_PLACEHOLDER)|$(HIMITSU_API_URLS)|' | $(KUBECTL) apply -f -
 
 .PHONY: undeploy
 undeploy: ## Remove what `make deploy` applied

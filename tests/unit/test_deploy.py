@@ -16,6 +16,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import himitsu_controller
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 NAMESPACE = "himitsu-system"
+PLACEHOLDER = "REPLACE-WITH-YOUR-HIMITSU-API-URLS"  # cli.API_URLS_PLACEHOLDER, checked below
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # Every (apiGroup, resource, verb) the operator is granted, and nothing else. Why each
@@ -208,9 +210,10 @@ def test_deployment_runs_two_leader_elected_replicas() -> None:
     assert container()["image"] == (
         f"ghcr.io/himitsu-io/himitsu-controller:{himitsu_controller.__version__}")
     assert container()["imagePullPolicy"] == "IfNotPresent"
-    (env,) = container()["env"]
-    assert env == {"name": "POD_NAMESPACE",
-                   "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    assert container()["env"] == [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "HIMITSU_API_URLS", "value": PLACEHOLDER},
+    ]
     assert container()["resources"] == {"requests": {"cpu": "50m", "memory": "96Mi"},
                                         "limits": {"cpu": "500m", "memory": "256Mi"}}
     affinity = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
@@ -345,6 +348,87 @@ def test_manifest_args_are_flags_the_cli_documents() -> None:
     assert parsed.graceful_shutdown_timeout < grace
 
 
+def expanded_args(env: dict[str, str] | None = None) -> list[str]:
+    """The container's args as the kubelet passes them: ``$(VAR)`` from the container's env."""
+    values = {e["name"]: e["value"] for e in container()["env"] if "value" in e}
+    values.update(env or {})
+    return [re.sub(r"\$\((\w+)\)", lambda m: values.get(m[1], m[0]), a)
+            for a in container()["args"]]
+
+
+def test_shipped_deployment_requires_the_himitsu_urls_and_refuses_plain_http() -> None:
+    from himitsu_controller import cli  # noqa: PLC0415
+
+    assert cli.API_URLS_PLACEHOLDER == PLACEHOLDER
+    assert "--allowed-api-urls=$(HIMITSU_API_URLS)" in container()["args"]
+    assert "--allow-insecure-http" not in container()["args"]
+    parsed = cli.build_parser().parse_args(expanded_args())
+    assert parsed.allowed_api_urls == PLACEHOLDER
+    assert parsed.allow_insecure_http is False
+
+
+@pytest.mark.timeout(60)
+def test_the_operator_refuses_to_start_with_the_placeholder_and_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    """Left as shipped, the pod fails at once with one line naming the fix, before it
+    even looks for a cluster (the kubeconfig here does not exist)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "himitsu_controller", *expanded_args(),
+         "--kubeconfig", str(tmp_path / "none")],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+    assert result.returncode == 1
+    (line,) = [ln for ln in result.stderr.splitlines() if "error:" in ln]
+    assert PLACEHOLDER in line and "HIMITSU_API_URLS" in line and "make deploy" in line
+
+
+def _make_deploy(tmp_path: Path, *variables: str) -> tuple[subprocess.CompletedProcess[str],
+                                                           Path]:
+    """`make deploy` with a kubectl stand-in: `kustomize` prints the manager bundle,
+    `apply -f -` keeps what it was given."""
+    applied = tmp_path / "applied.yaml"
+    stub = tmp_path / "kubectl"
+    stub.write_text(f"""#!/bin/sh
+if [ "$1" = kustomize ]; then exec cat {DEPLOY / "manager" / "manager.yaml"}; fi
+echo "$@" >{tmp_path / "apply-args"}
+cat >{applied}
+""")
+    stub.chmod(0o755)
+    result = subprocess.run(["make", "--no-print-directory", "deploy", f"KUBECTL={stub}",
+                             *variables], capture_output=True, text=True, timeout=60,
+                            check=False, cwd=ROOT)
+    return result, applied
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_deploy_without_the_urls_fails_with_a_clear_message(tmp_path: Path) -> None:
+    for variables in ((), ("HIMITSU_API_URLS=",), ("HIMITSU_API_URLS=https://a|b",)):
+        result, applied = _make_deploy(tmp_path, *variables)
+        assert result.returncode != 0, variables
+        assert "make deploy: " in result.stderr and "HIMITSU_API_URLS" in result.stderr
+        assert not applied.exists(), "kubectl was run"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_deploy_fills_in_the_urls(tmp_path: Path) -> None:
+    urls = "https://himitsu.example.com,https://[::1]:8443/himitsu"
+    result, applied = _make_deploy(tmp_path, f"HIMITSU_API_URLS={urls}")
+    assert result.returncode == 0, result.stderr
+    text = applied.read_text()
+    assert PLACEHOLDER not in text
+    (deploy,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment"]
+    (manager,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert {"name": "HIMITSU_API_URLS", "value": urls} in manager["env"]
+
+
+def test_readme_install_lines_set_the_urls() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert f"s|{PLACEHOLDER}|https://himitsu.example.com|" in install
+    assert "make deploy HIMITSU_API_URLS=https://himitsu.example.com" in install
+    assert "kubectl apply -f deploy/manager/manager.yaml\n" not in install
+
+
 # ---- kustomize -------------------------------------------------------------------------
 
 
@@ -379,6 +463,28 @@ def test_every_kustomization_resolves() -> None:
 # `make test` builds hack/kube/bin first, so CI always has a kubectl even with none on PATH.
 KUBECTL = shutil.which("kubectl") or next(
     (str(p) for p in [ROOT / "hack" / "kube" / "bin" / "kubectl"] if p.exists()), None)
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="no kubectl on PATH and none built in hack/kube/bin")
+def test_the_kind_overlay_allows_its_stand_in_and_nothing_else() -> None:
+    from himitsu_controller.cli import build_parser  # noqa: PLC0415
+    from himitsu_controller.sync.allowlist import AllowList  # noqa: PLC0415
+
+    assert KUBECTL is not None
+    result = subprocess.run([KUBECTL, "kustomize", str(ROOT / "hack" / "kind" / "overlay")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    (deploy,) = [d for d in yaml.safe_load_all(result.stdout) if d["kind"] == "Deployment"]
+    (manager,) = deploy["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in manager["env"]}
+    standin = "http://himitsu-standin.himitsu-standin.svc:8700"
+    assert env["HIMITSU_API_URLS"] == standin
+    args = [a.replace("$(HIMITSU_API_URLS)", standin) for a in manager["args"]]
+    parsed = build_parser().parse_args(args)
+    allowed = AllowList(parsed.allowed_api_urls.split(","),
+                        allow_insecure_http=parsed.allow_insecure_http)
+    assert allowed.check(standin) == standin
+    assert (ROOT / "hack" / "kind" / "standin.yaml").read_text().count(standin) >= 1
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="no kubectl on PATH and none built in hack/kube/bin")
