@@ -53,7 +53,7 @@ AUTH_CASES: list[tuple[str, Callable[[World], None], list[Any], str]] = [
      "has no key 'token'"),
     ("empty", lambda w: set_token(w, {"token": b64("  \n")}), [], "is empty"),
     ("malformed", lambda w: set_token(w, {"token": b64(TOKEN[:-3])}), [],
-     "got 62 characters"),
+     "is not a Himitsu API key"),
     ("401", lambda w: None, [himitsu.Unauthorized("the Himitsu API rejected the token (401)",
                                                   status=401)], "rejected the token"),
     ("403", lambda w: None, [himitsu.Forbidden("the token may not read this environment (403)",

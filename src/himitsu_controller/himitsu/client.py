@@ -220,11 +220,11 @@ def _host_is_valid(netloc: str) -> bool:
 def _token_problem(candidate: str) -> str | None:
     if TOKEN_PATTERN.fullmatch(candidate):
         return None
-    # The length is the one hint we give: it tells a truncated paste from a wrong value
-    # without revealing anything of the credential.
+    # Nothing of the value, not even its length: whoever may create a HimitsuSecret but
+    # not read the token Secret would learn it (a shape to guess, a truncation to spot).
     return (
         "token is not a Himitsu API key (expected himi_<16 hex>_<43 base64url>, "
-        f"{_TOKEN_LENGTH} characters; got {len(candidate)} characters)"
+        f"{_TOKEN_LENGTH} characters; check for a truncated or padded paste)"
     )
 
 

@@ -230,10 +230,10 @@ def _merged_data(
     collisions = sorted(set(rendered) & set(foreign))
     if collisions:
         name = ((existing or {}).get("metadata") or {}).get("name", "")
-        shown = ", ".join(repr(k) for k in collisions[:3])
-        more = f" and {len(collisions) - 3} more" if len(collisions) > 3 else ""
+        # One key, not a list or a count: the message is readable by whoever may create
+        # a HimitsuSecret, who may not read this Secret (a probe for its key names).
         raise TargetConflict(
-            f"Himitsu key {shown}{more} would overwrite a key of Secret {name!r} that "
+            f"Himitsu key {collisions[0]!r} would overwrite a key of Secret {name!r} that "
             "himitsu-operator did not write; rename it in Himitsu or remove it from the Secret"
         )
     return {**foreign, **rendered}
