@@ -117,6 +117,12 @@ class StandinClient:
             "GET", "/requests", params={"environment": env.environment})
         return found
 
+    def requests_naming(self, env: Env) -> list[dict[str, Any]]:
+        """Every API request whose path names ``env``, wherever under the stand-in it went
+        (``requests`` sees only those routed to the environment): proof of none at all."""
+        found: list[dict[str, Any]] = self._call("GET", "/requests")
+        return [r for r in found if env.environment in str(r["path"]).lower()]
+
     def mark(self, env: Env) -> int:
         """A position in ``env``'s request log; pass it as ``after`` to see what came next.
 
