@@ -60,3 +60,15 @@ def test_annotation_limit_counts_keys_and_values() -> None:
 def test_type_rules(kind: str, body: dict[str, bytes], ok: bool) -> None:
     data = {k.replace("_", "."): base64.b64encode(v).decode() for k, v in body.items()}
     assert (refused({"type": kind, "metadata": {"name": "s"}, "data": data}) is None) is ok
+
+
+def test_a_type_refusal_names_no_key_of_a_merge_target_but_ours() -> None:
+    """Whoever may create a HimitsuSecret reads this message and may not read the Merge
+    target: its foreign keys are neither named nor counted."""
+    body = secret("kubernetes.io/tls", tls_crt=b"c", helm_password=b"h", db_url=b"d")
+    with pytest.raises(validity.Unwritable) as info:
+        validity.check(body, ours=["tls.crt"])
+    message = str(info.value)
+    assert "'tls.key'" in message and "'tls.crt'" in message
+    assert "helm" not in message and "db.url" not in message and "more" not in message
+    assert "keys himitsu-operator does not manage" in message

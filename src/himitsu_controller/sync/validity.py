@@ -52,11 +52,11 @@ def check(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
     ``ours`` are the data keys rendered from Himitsu (the rest of a Merge target's keys
     are someone else's), for the size message.
     """
-    _check_type(secret)
+    _check_type(secret, ours=ours)
     _check_sizes(secret, ours=ours)
 
 
-def _check_type(secret: Mapping[str, Any]) -> None:
+def _check_type(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
     kind = str(secret.get("type") or "Opaque")
     data: Mapping[str, str] = secret.get("data") or {}
     name = _name(secret)
@@ -68,7 +68,7 @@ def _check_type(secret: Mapping[str, Any]) -> None:
         wanted = " or ".join(repr(k) for k in _ONE_OF[kind])
         raise Unwritable(
             f"target.type {kind!r} needs data key {wanted}, which Secret {name!r} would "
-            f"not hold ({_held(data)}); {_HINT}")
+            f"not hold ({_held(data, ours)}); {_HINT}")
     required = _REQUIRED.get(kind, ())
     missing = [k for k in required if k not in data]
     if kind == "kubernetes.io/ssh-auth" and not missing and not data["ssh-privatekey"]:
@@ -80,7 +80,7 @@ def _check_type(secret: Mapping[str, Any]) -> None:
         lacks = ", ".join(repr(k) for k in missing)
         raise Unwritable(
             f"target.type {kind!r} needs {needs}; Secret {name!r} would lack "
-            f"{lacks} ({_held(data)}); {_HINT}")
+            f"{lacks} ({_held(data, ours)}); {_HINT}")
     for key in _JSON_KEYS.intersection(required):
         if not _json_object(data[key]):
             raise Unwritable(f"target.type {kind!r} needs data key {key!r} to hold a JSON "
@@ -116,13 +116,16 @@ def _check_sizes(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
             "annotations together")
 
 
-def _held(data: Mapping[str, str]) -> str:
-    if not data:
-        return "it would hold no keys"
-    ordered = sorted(data)
+def _held(data: Mapping[str, str], ours: Collection[str]) -> str:
+    """The keys from Himitsu, by name; a Merge target's others only as "others": the
+    message is read by whoever may create a HimitsuSecret, who may not read the Secret."""
+    ordered = sorted(k for k in data if k in ours)
+    others = " and keys himitsu-operator does not manage" if len(ordered) < len(data) else ""
+    if not ordered:
+        return f"it would hold no keys from Himitsu{others}"
     shown = ", ".join(_short(k) for k in ordered[:_NAMED])
     more = f" and {len(ordered) - _NAMED} more" if len(ordered) > _NAMED else ""
-    return f"it would hold {shown}{more}"
+    return f"it would hold {shown}{more} from Himitsu{others}"
 
 
 def _short(key: str) -> str:
