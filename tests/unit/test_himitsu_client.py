@@ -197,7 +197,7 @@ def test_missing_ca_file_is_rejected_up_front(tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize(("known", "sent"), [
-    (None, None), (0, None), (-3, None), (True, None), (7, '"himi-config-7"'),
+    (None, None), (-3, None), (True, None), (7, '"himi-config-7"'),
 ])
 def test_request_shape(
     mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient],
@@ -379,6 +379,17 @@ def test_empty_environment_at_version_zero(
     assert fetch(make_client()) == Fetched(version=0, secrets={})
 
 
+def test_version_zero_is_sent_as_if_none_match_and_a_304_confirms_it(
+    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient],
+) -> None:
+    # The real server answers 304 to "himi-config-0" (an empty environment): without
+    # it an empty environment was re-read in full, a secret.read audit event, every poll.
+    mock.get(URL, status=304, headers={"X-Himitsu-Config-Version": "0",
+                                       "ETag": '"himi-config-0"'})
+    assert fetch(make_client(), known=0) == NotModified(version=0)
+    assert mock.calls[0].request.headers.get("If-None-Match") == '"himi-config-0"'
+
+
 BAD_200_BODIES = {
     "not json": f"<html>{SECRET}</html>".encode(),
     "array": b"[]",
@@ -460,7 +471,7 @@ def test_304_is_not_modified_never_an_empty_environment(
     (5, {"X-Himitsu-Config-Version": "x", "ETag": "himi-config-5"}),
     (5, {"X-Himitsu-Config-Version": "6"}),
     (None, {"X-Himitsu-Config-Version": "5"}),
-    (0, {"X-Himitsu-Config-Version": "0"}),
+    (0, {"X-Himitsu-Config-Version": "1"}),
 ])
 def test_304_without_a_matching_version_is_undecodable(
     mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient],

@@ -340,8 +340,9 @@ class HimitsuClient:
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
         known_version: int | None,
     ) -> FetchResult:
-        """Fetched (200) or NotModified (304, only possible when ``known_version`` > 0 was
-        sent as If-None-Match). Raises a HimitsuError subclass for everything else."""
+        """Fetched (200) or NotModified (304, only possible when ``known_version`` >= 0 was
+        sent as If-None-Match: version 0, an empty environment, answers 304 too). Raises a
+        HimitsuError subclass for everything else."""
         candidate = token.strip() if isinstance(token, str) else ""
         problem = _token_problem(candidate)
         auth = BearerAuth(candidate) if problem is None else None
@@ -353,7 +354,7 @@ class HimitsuClient:
         base = validate_api_url(api_url)
         project = quote(_validate_id("projectId", project_id), safe="")
         environment = quote(_validate_id("environmentId", environment_id), safe="")
-        conditional = type(known_version) is int and known_version > 0
+        conditional = type(known_version) is int and known_version >= 0
         headers: dict[str, str | None] = {
             "Accept": "application/json",
             "User-Agent": USER_AGENT,
