@@ -303,6 +303,7 @@ class FakeFetcher:
         self.script: list[himitsu.FetchResult | Exception] = list(script)
         self.calls: list[FetchCall] = []
         self.max_ages: list[float] = []
+        self.released: list[str] = []
 
     def then(self, *more: himitsu.FetchResult | Exception) -> FakeFetcher:
         self.script.extend(more)
@@ -314,7 +315,7 @@ class FakeFetcher:
 
     def fetch(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
-        known_version: int | None, max_age: float = 0.0,
+        known_version: int | None, max_age: float = 0.0, reader: str | None = None,
     ) -> himitsu.FetchResult:
         self.calls.append(FetchCall(api_url, project_id, environment_id, token, known_version))
         self.max_ages.append(max_age)
@@ -324,6 +325,9 @@ class FakeFetcher:
         if isinstance(step, Exception):
             raise step
         return step
+
+    def release(self, reader: str) -> None:
+        self.released.append(reader)
 
 
 class SleepClock:

@@ -370,9 +370,10 @@ def test_controller_workers_survive_hostile_answers(server: HostileServer) -> No
     current = ["good"]
     with make_client() as client:
         world = World(apiUrl=server.url, insecure_http=True)
-        # A poller whose clock leaps an hour per reading: its shared answer is always
-        # too old, so every reconcile asks the server (no annotation edits needed, which
-        # would race with the workers reading the object).
+        # A poller whose clock leaps an hour per reading, and a reconciler an hour on
+        # at every run: its poll is due and the shared answer too old, so every
+        # reconcile asks the server (no annotation edits needed, which would race with
+        # the workers reading the object).
         ticks = itertools.count(step=3600)
         world.fetcher = SharedPoller(client, clock=lambda: float(next(ticks)))  # type: ignore[assignment]
         reconciler = world.restart()
@@ -390,6 +391,7 @@ def test_controller_workers_survive_hostile_answers(server: HostileServer) -> No
             with finished:
                 server.reset(behaviour)  # first: a reconcile that sees the name sees this
                 current[0] = name
+                world.clock.advance(3600)
             controller.enqueue(KEY)
             with finished:
                 assert finished.wait_for(lambda: any(n == name for n, _ in seen), timeout=30), \

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 
@@ -66,9 +67,10 @@ def poller(client: FakeClient, clock: Clock) -> SharedPoller:
 
 
 def fetch(poller: SharedPoller, *, token: str = TOKEN_A, env: str = ENV,
-          known: int | None = None, max_age: float = 6.0) -> himitsu.FetchResult:
+          known: int | None = None, max_age: float = 6.0,
+          reader: str | None = None) -> himitsu.FetchResult:
     return poller.fetch(api_url=API, project_id=PROJECT, environment_id=env, token=token,
-                        known_version=known, max_age=max_age)
+                        known_version=known, max_age=max_age, reader=reader)
 
 
 def secrets_of(result: himitsu.FetchResult) -> Mapping[str, str]:
@@ -234,3 +236,162 @@ def test_requests_per_api_url_are_paced_across_tokens(client: FakeClient, clock:
     poller.fetch(api_url=API, project_id=PROJECT, environment_id=ENV, token=tokens[2],
                  known_version=None)
     assert len(client.calls) == 4
+
+
+# -- conditional after a restart, eviction and in-flight requests (issue 11, item 3) ------
+
+
+@pytest.mark.parametrize("version", [5, 0])
+def test_with_nothing_cached_the_version_the_caller_holds_goes_on_the_wire(
+    poller: SharedPoller, client: FakeClient, version: int,
+) -> None:
+    # A fresh poller (a restart, a failover) and a target in sync at ``version``: a 304,
+    # not a full fetch. Version 0 (an empty environment) too: Himitsu answers it 304.
+    client.version = version
+    result = fetch(poller, known=version)
+    assert client.calls == [(ENV, TOKEN_A, version)]
+    assert result == himitsu.NotModified(version)
+
+
+def test_a_304_to_the_callers_version_does_not_serve_a_caller_needing_the_secrets(
+    poller: SharedPoller, client: FakeClient,
+) -> None:
+    assert fetch(poller, known=5) == himitsu.NotModified(5)
+    assert secrets_of(fetch(poller, known=None)) == {"K": "a"}  # a repair: the full data
+    assert [c[2] for c in client.calls] == [5, None]
+    assert fetch(poller, known=5, max_age=0.0) == himitsu.NotModified(5)
+    assert client.calls[-1][2] == 5  # now conditional on what the poller holds
+
+
+def test_more_than_64_sources_idle_for_hours_stay_conditional(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    envs = [f"55555555-5555-5555-5555-{i:012d}" for i in range(70)]
+    for env in envs:
+        fetch(poller, env=env)
+        clock.now += 1.0  # past the pace
+    clock.now += 2 * 3600  # every entry idle past its eviction age
+    client.calls.clear()
+    for env in envs:
+        assert fetch(poller, env=env, known=5) == himitsu.NotModified(5)
+        clock.now += 1.0
+    assert [c[2] for c in client.calls] == [5] * len(envs)
+
+
+class GatedClient(FakeClient):
+    """Holds requests for ``held`` environments until ``release_gate`` is set."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held = held
+        self.entered = threading.Event()
+        self.release_gate = threading.Event()
+
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None,
+    ) -> himitsu.FetchResult:
+        if environment_id == self.held:
+            self.entered.set()
+            assert self.release_gate.wait(10)
+        return super().fetch(api_url=api_url, project_id=project_id,
+                             environment_id=environment_id, token=token,
+                             known_version=known_version)
+
+
+def in_flight(poller: SharedPoller, client: GatedClient, **kwargs: Any) -> Callable[[], Any]:
+    """Start a fetch for the held environment in a thread; wait until it is on the wire.
+    Returns a function that lets it finish and gives its result (or raises its error)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fetch(poller, env=client.held, **kwargs))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert client.entered.wait(10)
+
+    def finish() -> Any:
+        client.release_gate.set()
+        thread.join(10)
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
+
+    return finish
+
+
+def test_an_eviction_never_races_a_request_in_flight(clock: Clock) -> None:
+    client = GatedClient(held=ENV)
+    poller = SharedPoller(client, clock=clock)
+    client.release_gate.set()
+    fetch(poller)  # ENV's entry, soon idle for hours
+    client.release_gate.clear()
+    clock.now += 2 * 3600
+    finish = in_flight(poller, client, known=5, max_age=0.0)
+    for i in range(70):  # other sources answered meanwhile: each runs the eviction
+        clock.now += 1.0
+        fetch(poller, env=f"66666666-6666-6666-6666-{i:012d}")
+    assert finish() == himitsu.NotModified(5)
+
+
+def test_a_release_during_a_request_in_flight_drops_the_entry_after_the_answer(
+    clock: Clock,
+) -> None:
+    client = GatedClient(held=ENV)
+    poller = SharedPoller(client, clock=clock)
+    finish = in_flight(poller, client, known=None, reader="ns/a")
+    poller.release("ns/a")
+    assert secrets_of(finish()) == {"K": "a"}
+    fetch(poller, reader="ns/b", max_age=float("inf"))  # nothing kept for a new reader
+    assert [c[2] for c in client.calls] == [None, None]
+
+
+# -- memory follows live readers (issue 12, item 3) -------------------------------------
+
+
+def test_an_entry_goes_with_its_last_reader(
+    poller: SharedPoller, client: FakeClient,
+) -> None:
+    fetch(poller, reader="ns/a")
+    fetch(poller, reader="ns/b")
+    poller.release("ns/a")
+    fetch(poller, reader="ns/b")  # still remembered for ns/b
+    assert len(client.calls) == 1
+    poller.release("ns/b")
+    poller.release("ns/b")  # twice, or never enlisted: harmless
+    poller.release("ns/never")
+    result = fetch(poller, reader="ns/c", max_age=float("inf"))
+    assert secrets_of(result) == {"K": "a"}
+    assert [c[2] for c in client.calls] == [None, None]  # asked again, in full
+
+
+def test_a_reader_moving_to_another_source_leaves_the_old_one(
+    poller: SharedPoller, client: FakeClient,
+) -> None:
+    fetch(poller, reader="ns/a", env=ENV)
+    fetch(poller, reader="ns/a", env=ENV2)  # its spec now names another environment
+    fetch(poller, reader="ns/b", env=ENV2)
+    assert len(client.calls) == 2
+    fetch(poller, reader="ns/b", env=ENV, max_age=float("inf"))
+    assert [c[0] for c in client.calls] == [ENV, ENV2, ENV]  # ENV was forgotten
+
+
+def test_live_readers_keep_their_source_however_long_idle(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    # Memory follows live objects, not age: a refreshInterval of a day, or 0, keeps its
+    # entry, so a repair is still a 304 rebuilt from memory (no secret on the wire).
+    envs = [f"77777777-7777-7777-7777-{i:012d}" for i in range(70)]
+    for env in envs:
+        fetch(poller, env=env, reader=f"ns/{env}")
+        clock.now += 1.0
+    clock.now += 2 * 3600
+    client.calls.clear()
+    for env in envs:
+        secrets_of(fetch(poller, env=env, reader=f"ns/{env}", known=None, max_age=0.0))
+        clock.now += 1.0
+    assert [c[2] for c in client.calls] == [5] * len(envs)

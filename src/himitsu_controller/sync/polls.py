@@ -10,9 +10,15 @@ leaks nothing, and different tokens never share.
 For each source the poller keeps the last answer and the secrets it saw. A caller that
 accepts an answer up to ``max_age`` seconds old is served from that cache; otherwise one
 request is made (concurrent callers wait for it: single flight), conditional on the
-version the *poller* holds. So a HimitsuSecret that needs a full fetch (its target was
-deleted) is usually served by a 304 plus the cached secrets: no secret material on the
-wire even for drift repair.
+version the poller holds secrets for, else on the caller's own (the version its target
+holds). So a HimitsuSecret that needs a full fetch (its target was deleted) is usually
+served by a 304 plus the cached secrets, and after a restart, with nothing cached, a
+target in sync is confirmed by a 304 too: no secret material on the wire in either case.
+
+Memory follows live objects: each caller names itself (``reader``), and a source's
+entry, secrets included, is dropped when its last reader is ``release``d (the reconciler
+does it when a HimitsuSecret is gone), never while a request for it is in flight.
+Entries fetched without a reader are dropped once idle for an hour.
 
 Requests are also paced below Himitsu's limits, per token (120/min per API key) and per
 API URL (300/min per client IP, which every token this operator holds shares). A request
@@ -60,6 +66,8 @@ class _Entry:
     secrets: Mapping[str, str] | None = field(default=None, repr=False)
     blocked_until: float = 0.0
     jitter: float = 0.0  # drawn once per request; see ``SharedPoller``
+    readers: set[str] = field(default_factory=set)
+    released: bool = False  # its last reader left while a request was in flight
 
 
 @dataclass
@@ -92,17 +100,23 @@ class SharedPoller:
                        "api": (api_rate_per_minute / 60.0, api_burst)}
         self._flight_timeout = flight_timeout
         self._entries: dict[str, _Entry] = {}
+        self._readers: dict[str, str] = {}  # reader -> the source it reads
         self._flights: dict[str, _Flight] = {}
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._lock = threading.Lock()
 
     def fetch(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
-        known_version: int | None, max_age: float = 0.0,
+        known_version: int | None, max_age: float = 0.0, reader: str | None = None,
     ) -> himitsu.FetchResult:
+        """An answer no older than ``max_age``; NotModified only when ``known_version``
+        (the version the caller's target holds) is current. ``reader`` names the caller
+        (a HimitsuSecret's key) until ``release``."""
         source = himitsu.source_fingerprint(api_url, project_id, environment_id, token)
         while True:
             with self._lock:
+                if reader is not None:
+                    self._enlist(reader, source)
                 answer = self._cached(source, known_version, max_age)
                 if answer is not None:
                     return answer
@@ -116,20 +130,47 @@ class SharedPoller:
                 raise flight.error
             max_age = float("inf")
         try:
-            self._request(source, api_url=api_url, project_id=project_id,
-                          environment_id=environment_id, token=token)
+            return self._request(source, api_url=api_url, project_id=project_id,
+                                 environment_id=environment_id, token=token,
+                                 known=known_version)
         except BaseException as exc:
             flight.error = exc
             raise
         finally:
             with self._lock:
                 self._flights.pop(source, None)
+                entry = self._entries.get(source)
+                if entry is not None and entry.released and not entry.readers:
+                    del self._entries[source]
             flight.done.set()
+
+    def release(self, reader: str) -> None:
+        """``reader`` reads nothing any more; its source's entry goes with its last reader."""
         with self._lock:
-            answer = self._cached(source, known_version, float("inf"))
-        if answer is None:  # only a 304 to a request we did not make conditional
-            raise himitsu.Undecodable("the Himitsu API answered 304 to an unconditional request")
-        return answer
+            source = self._readers.pop(reader, None)
+            if source is not None:
+                self._leave(reader, source)
+
+    def _enlist(self, reader: str, source: str) -> None:
+        previous = self._readers.get(reader)
+        if previous != source:
+            self._readers[reader] = source
+            if previous is not None:
+                self._leave(reader, previous)
+        entry = self._entries.setdefault(source, _Entry())
+        entry.readers.add(reader)
+        entry.released = False
+
+    def _leave(self, reader: str, source: str) -> None:
+        entry = self._entries.get(source)
+        if entry is None:
+            return
+        entry.readers.discard(reader)
+        if not entry.readers:
+            if source in self._flights:
+                entry.released = True  # dropped when the request in flight is answered
+            else:
+                del self._entries[source]
 
     def _cached(
         self, source: str, known: int | None, max_age: float,
@@ -144,24 +185,23 @@ class SharedPoller:
                 f"rate limited by the Himitsu API, retrying in {max(1, round(wait))} s",
                 retry_after=wait)
         age = now - entry.at
-        if entry.version is None or max_age <= 0 or age > max_age:
+        if max_age <= 0 or age > max_age:
             return None
-        if known is not None and known == entry.version:
-            return himitsu.NotModified(version=entry.version, age=age, jitter=entry.jitter)
-        if entry.secrets is not None:
-            return himitsu.Fetched(version=entry.version, secrets=entry.secrets, age=age,
-                                   jitter=entry.jitter)
-        return None
+        return _answer(entry, known, age)
 
     def _request(
         self, source: str, *, api_url: str, project_id: str, environment_id: str, token: str,
-    ) -> None:
-        """Ask Himitsu once, conditional on what the poller holds, and remember the answer."""
+        known: int | None,
+    ) -> himitsu.FetchResult:
+        """Ask Himitsu once and remember the answer. Conditional on the version whose
+        secrets the poller holds (a 304 serves every reader), else on the caller's own:
+        after a restart, a failover or an eviction a target in sync is confirmed by a 304
+        instead of re-read in full."""
         self._take_token(token=himitsu.source_fingerprint(api_url, "", "", token),
                          api=api_url)
         with self._lock:
             entry = self._entries.setdefault(source, _Entry())
-            held = entry.version if entry.secrets is not None else None
+            held = entry.version if entry.secrets is not None else known
         try:
             result = self._client.fetch(
                 api_url=api_url, project_id=project_id, environment_id=environment_id,
@@ -171,6 +211,8 @@ class SharedPoller:
                 entry.blocked_until = self._clock() + float(exc.retry_after)
             raise
         with self._lock:
+            # ``entry`` is ours for the flight (it is never dropped meanwhile, and if it
+            # were, the answer below is still the one Himitsu gave to this request).
             entry.at = self._clock()
             entry.jitter = self._rng()
             entry.blocked_until = 0.0
@@ -178,7 +220,11 @@ class SharedPoller:
                 entry.version, entry.secrets = result.version, result.secrets
             elif result.version != entry.version:
                 entry.version, entry.secrets = result.version, None
+            answer = _answer(entry, known, 0.0)
             self._evict_idle(entry.at)
+        if answer is None:  # a 304 for a version we did not send: the client refuses those
+            raise himitsu.Undecodable("the Himitsu API answered 304 to an unconditional request")
+        return answer
 
     def _take_token(self, **keys: str) -> None:
         """Pacing: one token bucket per API key (URL and the token's hash) and one per API
@@ -205,9 +251,23 @@ class SharedPoller:
                                  retry_after=wait)
 
     def _evict_idle(self, now: float) -> None:
+        """Entries nobody reads by name (no ``reader``) and nobody is asking for."""
         if len(self._entries) < 64:
             return
-        for source in [s for s, e in self._entries.items() if now - e.at > IDLE_TTL]:
+        for source in [s for s, e in self._entries.items()
+                       if now - e.at > IDLE_TTL and not e.readers and s not in self._flights]:
             del self._entries[source]
         for key in [k for k, b in self._buckets.items() if now - b.at > IDLE_TTL]:
             del self._buckets[key]
+
+
+def _answer(entry: _Entry, known: int | None, age: float) -> himitsu.FetchResult | None:
+    """What ``entry`` can tell a caller whose target holds ``known``, if anything."""
+    if entry.version is None:
+        return None
+    if known is not None and known == entry.version:
+        return himitsu.NotModified(version=entry.version, age=age, jitter=entry.jitter)
+    if entry.secrets is not None:
+        return himitsu.Fetched(version=entry.version, secrets=entry.secrets, age=age,
+                               jitter=entry.jitter)
+    return None
