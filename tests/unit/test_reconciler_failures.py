@@ -34,6 +34,7 @@ from reconcile_world import (
 
 from himitsu_controller import api, himitsu
 from himitsu_controller import logging as hlog
+from himitsu_controller.sync import schedule
 from himitsu_controller.sync.polls import LocallyRateLimited
 from himitsu_controller.sync.ports import Conflict, KubeError
 
@@ -254,19 +255,30 @@ def test_the_next_poll_counts_from_the_answer_not_from_the_end_of_the_reconcile(
     assert result.requeue_after == pytest.approx(60.0 - 1.0 - 5.0)
 
 
-def test_a_repair_before_the_poll_takes_an_answer_as_recent_as_the_one_held(
-    world: World,
-) -> None:
-    # A deleted target needs the secrets, not news: the poller's copy of the answer the
-    # target held is current enough (a mass spec edit must not ask Himitsu per object).
+def test_a_repair_before_the_poll_takes_only_an_answer_seconds_old(world: World) -> None:
+    # A deleted target is rebuilt from Himitsu's current data (the contract: a missing
+    # target forces a full fetch), not from the answer the target held 30 s ago.
     world.sync(5)
     world.clock.advance(30)
     del world.kube.secrets[(NS, TARGET)]
     world.sync(5)
-    assert world.fetcher.max_ages[-1] == pytest.approx(30.0)
+    assert world.fetcher.max_ages[-1] == schedule.FRESH
     world.clock.advance(60)  # the timed poll: the last half interval only
     world.reconcile(himitsu.NotModified(5))
     assert world.fetcher.max_ages[-1] == pytest.approx(30.0)
+
+
+def test_a_spec_edit_keeping_the_source_takes_an_answer_as_recent_as_the_one_held(
+    world: World,
+) -> None:
+    # A Helm upgrade touching every HimitsuSecret (here a template label) leaves the data
+    # where it was: rewriting it from the poller's copy asks Himitsu nothing per object.
+    world.sync(5)
+    world.clock.advance(40)
+    world.edit_target_spec(template={"labels": {"team": "a"}})
+    world.sync(5)
+    assert world.fetcher.max_ages[-1] == pytest.approx(40.0)
+    assert world.target()["metadata"]["labels"]["team"] == "a"
 
 
 def test_last_sync_time_is_when_himitsu_answered(world: World) -> None:

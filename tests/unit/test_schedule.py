@@ -18,9 +18,15 @@ def test_refresh_interval_zero_has_no_next_poll() -> None:
     assert schedule.next_due(0.0, answered=1000.0, fraction=0.3) is None
 
 
+def window(interval: float = 60.0, *, now: float, due: float | None = 1060.0,
+           answered: float | None = 1000.0, intact: bool = True) -> float:
+    return schedule.share_window(interval, now=now, due=due, answered=answered,
+                                 intact=intact)
+
+
 def test_a_timed_poll_shares_half_an_interval_plus_its_lateness() -> None:
-    assert schedule.share_window(60.0, now=1060.0, due=1060.0, answered=1000.0) == 30.0
-    assert schedule.share_window(60.0, now=1065.0, due=1060.0, answered=1000.0) == 35.0
+    assert window(now=1060.0) == 30.0
+    assert window(now=1065.0) == 35.0
 
 
 def test_a_timed_poll_never_takes_its_own_last_answer() -> None:
@@ -29,22 +35,32 @@ def test_a_timed_poll_never_takes_its_own_last_answer() -> None:
         due = schedule.next_due(10.0, answered=0.0, fraction=fraction)
         assert due is not None
         for late in (0.0, 0.5, 30.0):
-            window = schedule.share_window(10.0, now=due + late, due=due, answered=0.0)
-            assert due + late - 0.0 > window
+            assert due + late - 0.0 > window(10.0, now=due + late, due=due, answered=0.0)
 
 
 def test_a_wake_just_before_the_due_time_is_the_poll() -> None:
-    window = schedule.share_window(60.0, now=1059.99, due=1060.0, answered=1000.0)
-    assert window == 30.0  # not the repair window, which would cover the held answer
+    # not the intact-target window, which would cover the held answer
+    assert window(now=1059.99) == 30.0
 
 
-def test_a_repair_before_the_poll_takes_an_answer_as_recent_as_the_held_one() -> None:
-    assert schedule.share_window(60.0, now=1040.0, due=1060.0, answered=1000.0) == 40.0
-    assert schedule.share_window(60.0, now=1010.0, due=1060.0, answered=1000.0) == 30.0
+def test_a_spec_edit_with_the_target_intact_takes_an_answer_as_recent_as_the_held_one() -> None:
+    assert window(now=1040.0) == 40.0
+    assert window(now=1010.0) == 30.0
+
+
+def test_a_first_sync_or_a_repair_takes_only_an_answer_seconds_old() -> None:
+    # Before the poll, at the poll, late, without memory, and whatever the interval:
+    # a target that must be (re)written gets Himitsu's data of seconds ago.
+    for now, due, answered in ((1040.0, 1060.0, 1000.0), (1060.0, 1060.0, 1000.0),
+                               (1090.0, 1060.0, 1000.0), (1040.0, None, None)):
+        for interval in (10.0, 60.0, 3600.0):
+            assert window(interval, now=now, due=due, answered=answered,
+                          intact=False) == schedule.FRESH
+    assert schedule.FRESH <= 5.0
 
 
 def test_without_memory_only_the_share_window_applies() -> None:
-    assert schedule.share_window(60.0, now=1040.0, due=None, answered=None) == 30.0
+    assert window(now=1040.0, due=None, answered=None) == 30.0
 
 
 def test_backoff_doubles_from_one_second_capped_by_the_interval_and_five_minutes() -> None:

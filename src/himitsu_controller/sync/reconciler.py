@@ -131,9 +131,11 @@ class HimitsuSecretReconciler:
             )
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
-        known = self._known_version(ctx, spec, target)
-        result = self._fetch(ctx, spec, token, known, window=self._window(spec, mem),
-                             api_url=api_url)
+        intact = targets.is_consistent(
+            target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
+        known = self._known_version(ctx, intact=intact)
+        result = self._fetch(ctx, spec, token, known,
+                             window=self._window(spec, mem, intact=intact), api_url=api_url)
         polled = self._now().timestamp()
         answered = polled - result.age
         if schedule.is_due(polled, mem.due):
@@ -165,20 +167,18 @@ class HimitsuSecretReconciler:
             fraction=self._rng() if result.jitter is None else result.jitter)
         return self._until_due(mem)
 
-    def _known_version(
-        self, ctx: _Context, spec: api.Spec, target: dict[str, Any] | None,
-    ) -> int | None:
-        """The version to send in If-None-Match, or None when a full fetch is required."""
+    @staticmethod
+    def _known_version(ctx: _Context, *, intact: bool) -> int | None:
+        """The version to send in If-None-Match, or None when a full fetch is required.
+
+        ``intact``: the target holds exactly what we wrote at ``status.configVersion``
+        (not missing, edited, or written for another source)."""
         status = ctx.status
         if status.observed_generation != ctx.generation:
             return None  # the spec changed since the status was written
         if api.force_sync_value(ctx.obj) != status.last_force_sync:
             return None  # a user asked for a full fetch
-        if not targets.is_consistent(
-            target, owner=ctx.owner, spec=spec, version=status.config_version,
-        ):
-            return None  # missing, edited, or written for another source
-        return status.config_version
+        return status.config_version if intact else None
 
     def _defer_after_restart(
         self, ctx: _Context, spec: api.Spec, mem: Memory,
@@ -287,7 +287,7 @@ class HimitsuSecretReconciler:
             result = self._fetcher.fetch(
                 api_url=api_url, project_id=spec.project_id,
                 environment_id=spec.environment_id, token=token, known_version=known,
-                max_age=max_age,
+                max_age=max_age, reader=ctx.key,
             )
         except polls.LocallyRateLimited as exc:
             raise _Requeue(max(0.5, exc.retry_after), paced=True) from None
@@ -383,9 +383,9 @@ class HimitsuSecretReconciler:
             lags = [schedule.lag(now, m.answered, m.interval) for m in self._memory.values()]
         return max(lags, default=0.0), sum(1 for lag in lags if lag > 0)
 
-    def _window(self, spec: api.Spec, mem: Memory) -> float:
+    def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
-                                     due=mem.due, answered=mem.answered)
+                                     due=mem.due, answered=mem.answered, intact=intact)
 
     def _check_api_url(self, spec: api.Spec) -> str:
         try:
@@ -415,6 +415,7 @@ class HimitsuSecretReconciler:
         with self._lock:
             self._memory.pop(key, None)
         self._status.forget(key)
+        self._fetcher.release(key)  # the shared poller drops a source nobody reads any more
 
 
 def _in_step(ctx: _Context) -> bool:

@@ -1,7 +1,8 @@
 """When a HimitsuSecret polls next, and how old a shared answer it may take.
 
 The promises these numbers keep: a target never lags Himitsu by more than its
-refreshInterval (plus processing); readers of one source (see ``polls``) share one request
+refreshInterval (plus processing); a first sync or a repair holds Himitsu's data of
+seconds ago, never a remembered answer; readers of one source (see ``polls``) share one request
 per round and, when their polls have drifted apart, meet on one answer again; polls
 of different sources are spread, not bunched; a failure backs off without ever waiting
 longer than the interval (capped at 5 minutes). Pure functions of times in epoch seconds,
@@ -14,6 +15,7 @@ MAX_FAILURE_BACKOFF = 300.0
 JITTER = 0.1  # a poll comes up to 10% of the interval early, never late
 SHARE = 0.5  # a poll may take another reader's answer up to half an interval old
 DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
+FRESH = 2.0  # a first sync or a repair takes an answer at most this old (seconds)
 # The shortest wait a poll that is due (or overdue) gets: "now", as a positive delay, so
 # the work queue never reads it as "forget" (see ``requeue_delay``).
 MIN_REQUEUE = 2 * DUE_SLACK
@@ -40,9 +42,17 @@ def is_due(now: float, due: float | None) -> bool:
 
 
 def share_window(
-    interval: float, *, now: float, due: float | None, answered: float | None,
+    interval: float, *, now: float, due: float | None, answered: float | None, intact: bool,
 ) -> float:
     """How old an answer shared with other readers of the source may be (seconds).
+
+    A reconcile that must write data the target does not hold (a first sync, a deleted
+    or edited target, a spec now pointing at another source: ``intact`` False) takes
+    Himitsu's current data: an answer at most ``FRESH`` seconds old, which readers created
+    or repaired together share, else the poller revalidates (a conditional request at the
+    version it holds: a 304 rebuilds from memory with no secret material on the wire, a
+    200 brings the change). Without that a Secret created, or deleted to pick up a change,
+    right after a change in Himitsu held the old value for up to half an interval.
 
     A timed poll takes one from the last half interval, plus however late the poll runs,
     but never one 90% of an interval old. Its next poll is then due an interval after
@@ -51,12 +61,14 @@ def share_window(
     answer, at least 90% of an interval old, is never taken again. The half interval lets
     readers of a source whose polls drifted apart (a restart, a backlog in the queue, a
     split group) meet on one answer again instead of each asking Himitsu, exactly when
-    the operator can least afford it. A reconcile before the poll is due (a deleted or
-    edited target, a spec edit) needs the secrets, not news: any answer at least as
-    recent as the one the target holds (``answered``) is as current as the target was
-    meant to be. Without that, a Helm upgrade touching every HimitsuSecret asked Himitsu
-    once per object and met its 300/min per-client limit.
+    the operator can least afford it. A reconcile before the poll is due with the target
+    intact (a spec edit that keeps the source, such as a Helm upgrade touching every
+    HimitsuSecret) needs the secrets, not news: any answer at least as recent as the one
+    the target holds (``answered``) is as current as the target was meant to be, so it
+    asks Himitsu nothing per object (once per object met the 300/min per-client limit).
     """
+    if not intact:
+        return FRESH
     window = SHARE * interval
     if due is not None and is_due(now, due):
         # A late poll takes the round's answer too, but never one so old that its next
