@@ -9,6 +9,7 @@ and guarantees every value and token comes from the canary generator.
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,14 @@ class Harness:
 
         return wait_for(check, timeout=timeout,
                         what=f"Secret {namespace}/{name} to hold keys {sorted(expected)}")
+
+    def wait_answers_older_than(self, env: Env, seconds: float, *,
+                                timeout: float = READY_TIMEOUT) -> None:
+        """Until the stand-in's newest request for ``env`` is ``seconds`` old, so the
+        operator holds no answer for it younger than that."""
+        last = self.standin.requests(env)[-1]["time"]
+        wait_for(lambda: time.time() - last > seconds, timeout=timeout,
+                 what=f"the last answer for {env.environment} to be {seconds:g} s old")
 
     def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self.kube.events(namespace, kind="HimitsuSecret", name=name)

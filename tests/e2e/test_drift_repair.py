@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from himitsu_controller.sync import schedule
+
 from .harness import Harness, Sync
 from .kubehelp import KubeApi, hsec_path, kubectl, secret_path, wait_for
 
@@ -49,6 +51,24 @@ def test_deleted_target_is_restored(h: Harness, ns: str, kube: KubeApi, policy: 
     version = str(h.standin.info(sync.env)["configVersion"])
     assert restored["metadata"]["annotations"]["himitsu.io/config-version"] == version
     h.wait_ready(ns, sync.name)
+
+
+def test_a_target_deleted_after_a_change_comes_back_with_the_new_value(
+        h: Harness, ns: str, kube: KubeApi) -> None:
+    # Deleting a Secret to pick up a change: the repair holds Himitsu's current data,
+    # not the answer the target held (refreshInterval is an hour: no poll helps here).
+    sync = _settled(h, ns)
+    h.wait_answers_older_than(sync.env, schedule.FRESH)  # no answer young enough to share
+    changed = {**sync.values, "API_KEY": h.canary.value("rotated")}
+    h.standin.set_secrets(sync.env, {"API_KEY": changed["API_KEY"]})
+    mark = h.standin.mark(sync.env)
+
+    kube.delete(secret_path(ns, sync.target))
+
+    h.wait_data(ns, sync.target, changed, timeout=REPAIR_TIMEOUT)
+    # asked conditionally, at the version the operator held: the change came as a 200
+    assert [r["status"] for r in h.standin.requests_after(sync.env, mark)][:1] == [200]
+    assert h.standin.full_fetches(sync.env, after=mark) == []
 
 
 def test_edited_config_version_annotation_is_repaired_by_a_full_sync(h: Harness, ns: str,

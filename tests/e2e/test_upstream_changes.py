@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from himitsu_controller.sync import schedule
+
 from .harness import Harness
 from .kubehelp import wait_for
 
@@ -38,3 +40,21 @@ def test_added_key_appears_in_the_secret(h: Harness, ns: str) -> None:
                 timeout=REFRESH_SECONDS + SLACK_SECONDS)
     wait_for(lambda: h.get_hsec(ns, sync.name)["status"]["secretCount"] == 2, timeout=30,
              what="status.secretCount 2")
+
+
+def test_a_himitsu_secret_created_right_after_a_change_gets_the_new_value(
+        h: Harness, ns: str) -> None:
+    # Another HimitsuSecret on the same source holds an answer from before the change,
+    # and polls only hourly: the new one must not start from that answer.
+    env, values = h.environment("API_KEY", "DB_PASSWORD")
+    h.token_secret(ns, h.token_for(env))
+    h.hsec(ns, "first", env, target="first-secrets", refresh="1h")
+    h.wait_data(ns, "first-secrets", values)
+    h.wait_answers_older_than(env, schedule.FRESH)  # no answer young enough to share
+    changed = {**values, "API_KEY": h.canary.value("rotated")}
+    h.standin.set_secrets(env, {"API_KEY": changed["API_KEY"]})
+
+    h.hsec(ns, "second", env, target="second-secrets", refresh="1h")
+
+    h.wait_data(ns, "second-secrets", changed, timeout=30)
+    h.wait_ready(ns, "second")
