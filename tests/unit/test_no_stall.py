@@ -117,7 +117,7 @@ class AnyAnswer:
 
     def fetch(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
-        known_version: int | None, max_age: float = 0.0,
+        known_version: int | None, max_age: float = 0.0, reader: str | None = None,
     ) -> himitsu.FetchResult:
         error, self.next_error = self.next_error, None
         if error is not None:
@@ -126,6 +126,9 @@ class AnyAnswer:
         if known_version == 5:
             return himitsu.NotModified(version=5, age=age, jitter=self.jitter)
         return himitsu.Fetched(version=5, secrets=values(), age=age, jitter=self.jitter)
+
+    def release(self, reader: str) -> None:
+        pass
 
 
 STEP = st.tuples(

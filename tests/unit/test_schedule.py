@@ -74,9 +74,8 @@ def test_backoff_doubles_from_one_second_capped_by_the_interval_and_five_minutes
 def test_a_late_poll_never_takes_an_answer_its_next_poll_would_already_be_due_after() -> None:
     # An answer 90% of an interval old leaves the next poll due at once: ask Himitsu.
     for late in (0.0, 20.0, 40.0, 600.0):
-        window = schedule.share_window(60.0, now=1060.0 + late, due=1060.0, answered=1000.0)
-        assert window <= (1 - schedule.JITTER) * 60.0 - schedule.MIN_REQUEUE
-    assert schedule.share_window(0.05, now=10.0, due=10.0, answered=9.95) == 0.0
+        assert window(now=1060.0 + late) <= (1 - schedule.JITTER) * 60.0 - schedule.MIN_REQUEUE
+    assert window(0.05, now=10.0, due=10.0, answered=9.95) == 0.0
 
 
 def test_a_due_time_in_the_past_means_poll_now_never_no_poll() -> None:

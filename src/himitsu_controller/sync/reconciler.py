@@ -131,9 +131,10 @@ class HimitsuSecretReconciler:
             )
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
-        intact = targets.is_consistent(
+        intact = targets.holds_data(  # its metadata may still need a repair
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
-        known = self._known_version(ctx, intact=intact)
+        known = self._known_version(ctx, intact=intact and targets.holds_stamps(
+            target, owner=ctx.owner, spec=spec))
         result = self._fetch(ctx, spec, token, known,
                              window=self._window(spec, mem, intact=intact), api_url=api_url)
         polled = self._now().timestamp()
@@ -172,7 +173,7 @@ class HimitsuSecretReconciler:
         """The version to send in If-None-Match, or None when a full fetch is required.
 
         ``intact``: the target holds exactly what we wrote at ``status.configVersion``
-        (not missing, edited, or written for another source)."""
+        (``targets.is_consistent``: not missing, edited, or written for another source)."""
         status = ctx.status
         if status.observed_generation != ctx.generation:
             return None  # the spec changed since the status was written

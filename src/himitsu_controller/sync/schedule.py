@@ -61,11 +61,12 @@ def share_window(
     answer, at least 90% of an interval old, is never taken again. The half interval lets
     readers of a source whose polls drifted apart (a restart, a backlog in the queue, a
     split group) meet on one answer again instead of each asking Himitsu, exactly when
-    the operator can least afford it. A reconcile before the poll is due with the target
-    intact (a spec edit that keeps the source, such as a Helm upgrade touching every
-    HimitsuSecret) needs the secrets, not news: any answer at least as recent as the one
-    the target holds (``answered``) is as current as the target was meant to be, so it
-    asks Himitsu nothing per object (once per object met the 300/min per-client limit).
+    the operator can least afford it. A reconcile before the poll is due with the target's
+    data intact (a spec edit that keeps the source, such as a Helm upgrade touching every
+    HimitsuSecret, or a label a GitOps tool pruned) needs the secrets, not news: any
+    answer at least as recent as the one the target holds (``answered``) is as current
+    as the target was meant to be, so it asks Himitsu nothing per object (once per
+    object met the 300/min per-client limit).
     """
     if not intact:
         return FRESH

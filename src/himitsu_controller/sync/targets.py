@@ -132,23 +132,40 @@ def is_consistent(
     Only then is a conditional request safe: a 304 would otherwise confirm data that is
     not there (deleted target, hand edits, a target written for another environment).
     """
+    return (holds_data(secret, owner=owner, spec=spec, version=version)
+            and holds_stamps(secret, owner=owner, spec=spec))
+
+
+def holds_data(
+    secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec, version: int | None,
+) -> bool:
+    """The target's data is what we wrote for this spec's source at ``version``, whatever
+    became of its labels and annotations: rewriting it from that answer changes no value."""
     if secret is None or version is None:
         return False
     ann = annotations_of(secret)
-    meta = secret.get("metadata") or {}
-    policy = spec.target.creation_policy
     return (
         owned_by(secret) == owner.name
         and secret.get("type", "Opaque") == spec.target.type
         and ann.get(api.ANN_SOURCE) == spec.source_hash()
         and ann.get(api.ANN_CONFIG_VERSION) == str(version)
-        and ann.get(api.ANN_DATA_HASH) == current_hash(secret, policy=policy)
-        # ...and every label, annotation and reference we stamp is still there: a pruned
-        # one (a GitOps tool's doing) is put back by the full sync this asks for, and a
-        # removed controller reference would leave the Secret to outlive its owner.
-        and _holds(labels(secret), _stamped_labels(spec))
-        and _holds(ann, _stamped_annotations(spec, owner))
-        and (policy != "Owner" or _owner_ref(owner) in (meta.get("ownerReferences") or []))
+        and ann.get(api.ANN_DATA_HASH) == current_hash(
+            secret, policy=spec.target.creation_policy)
+    )
+
+
+def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
+    """Every label, annotation and reference we stamp is still there: a pruned one (a
+    GitOps tool's doing) is put back by the full sync a mismatch asks for, and a removed
+    controller reference would leave the Secret to outlive its owner."""
+    if secret is None:
+        return False
+    meta = secret.get("metadata") or {}
+    return (
+        _holds(labels(secret), _stamped_labels(spec))
+        and _holds(annotations_of(secret), _stamped_annotations(spec, owner))
+        and (spec.target.creation_policy != "Owner"
+             or _owner_ref(owner) in (meta.get("ownerReferences") or []))
     )
 
 
