@@ -22,7 +22,8 @@ input, 404 NOT_FOUND for unknown objects or routes. ``{p}``/``{e}`` are UUIDs.
   POST   /_standin/tokens        {"token"?, "project"?, "environment"?, "demoted"?}
          -> {"token", "fingerprint"}; no project = org scope; generated if no token
   POST   /_standin/tokens/revoke {"token"} or {"fingerprint"}
-  POST   /_standin/tokens/demote {"token"} or {"fingerprint"}, "demoted"?: bool (true)
+  POST   /_standin/tokens/demote {"token"} or {"fingerprint"}, "demoted"?: bool (true); the
+                                  key still reads, as the real one does (every role reads)
   POST   /_standin/faults        {"kind", "environment"?, "count"?, "status"?, "code"?,
          "seconds"?, "bytes_per_second"?, "size_mb"?, "retry_after"?, "body"?} -> {"id"}
          (kinds: see the faults module)

@@ -5,10 +5,12 @@ and an ``Inbound`` request, so it lives here under one lock and the HTTP layer o
 carries out the ``Answer`` (including the slow or broken ways of sending it).
 
 Order of checks for API requests, the real server's: injected faults -> per-IP limit ->
-500 for a JSON Content-Type without a body (its body parser) -> 404 for other routes ->
-token (401) -> per-key limit (429) -> UUID ids (400) -> demoted creator (403 FORBIDDEN) ->
-scope (403 API_SCOPE_FORBIDDEN) -> environment (404; when deleted, env-scoped keys have
-already failed with 401 because their scope is gone) -> If-None-Match (304) -> 200.
+500 for a POST or DELETE with a JSON Content-Type and no body (its body parser; on a GET
+the header is harmless) -> the framework's own 404 body, not the envelope, for other
+routes -> token (401) -> per-key limit (429) -> UUID ids (400) -> scope (403
+API_SCOPE_FORBIDDEN; a demoted creator's key still reads, every role has secret.read) ->
+environment (404; when deleted, env-scoped keys have already failed with 401 because
+their scope is gone) -> If-None-Match (304) -> 200.
 RateLimit-* headers come from the IP limiter until the key is known, from the key's after.
 """
 
@@ -39,6 +41,7 @@ from .wire import (
     fingerprint,
     generate_token,
     if_none_match_hits,
+    json_answer,
     token_digest,
     uuid_arg,
     version_headers,
@@ -222,10 +225,12 @@ class Himitsu:
         if not allowed:
             return error_answer(429, "too many requests", headers)
         media_type = (req.content_type or "").split(";")[0].strip().lower()
-        if media_type == "application/json" and req.body_length == 0:
+        if (media_type == "application/json" and req.body_length == 0
+                and req.method in ("POST", "DELETE")):
             return error_answer(500, "internal server error", headers)
         if match is None or req.method != "GET":
-            return error_answer(404, "route not found", headers)
+            return json_answer({"message": f"Route {req.method}:{req.path} not found",
+                                "error": "Not Found", "statusCode": 404}, 404, headers)
         token, failure = self._authenticate(req.token)
         if token is None or req.token is None:
             return error_answer(401, failure, headers)
@@ -235,8 +240,6 @@ class Himitsu:
         project, environment = match.group(1).lower(), match.group(2).lower()
         if not (UUID_RE.match(project) and UUID_RE.match(environment)):
             return error_answer(400, "projectId and environmentId must be UUIDs", headers)
-        if token.demoted:
-            return error_answer(403, "the key's creator lacks permission", headers)
         if token.project not in (None, project) or token.environment not in (None, environment):
             return error_answer(403, "the API key does not cover this environment", headers,
                                 code="API_SCOPE_FORBIDDEN")
