@@ -6,6 +6,14 @@ one that breaks, a connection that hangs -- and in how the official client's url
 transport reacts to them. It speaks just enough of the API: LIST with limit/continue,
 GET of one object, WATCH as chunked JSON lines driven by the test, bearer-token auth,
 and an echo for writes. Tests can queue canned responses for the next requests.
+
+LISTs follow kube-apiserver's resourceVersion rules and say where each was served
+(``list_sources``): with ``watch_cache`` on, ``resourceVersion=0`` ("any", ``limit``
+ignored, as servers before list snapshots do) and a known resourceVersion without
+``limit`` ("not older than") come from the watch cache; everything else (no
+resourceVersion: a consistent read; a resourceVersion with ``limit``: "exact"; continue
+pages) from etcd. A resourceVersion newer than the server's gets 504 "Too large resource
+version" (as after an etcd restore); an exact one below ``compacted`` gets 410.
 """
 
 from __future__ import annotations
@@ -48,6 +56,16 @@ class Canned:
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
             "reason": reason, "message": message}
+
+
+def too_large_body(wanted: int, current: int) -> dict[str, Any]:
+    """kube-apiserver's answer to a resourceVersion newer than it has (504 Timeout)."""
+    body = status_body(504, "Timeout",
+                       f"Too large resource version: {wanted}, current: {current}")
+    body["details"] = {"causes": [{"reason": "ResourceVersionTooLarge",
+                                   "message": "Too large resource version"}],
+                       "retryAfterSeconds": 1}
+    return body
 
 
 class WatchSession:
@@ -102,6 +120,9 @@ class FakeApiServer:
         self.objects: dict[str, dict[str, Any]] = {}
         self.resource_version = 100
         self.expire_continue = 0
+        self.watch_cache = False
+        self.compacted = 0
+        self.list_sources: list[str] = []
         self.canned: deque[Canned] = deque()
         self.requests: list[Recorded] = []
         self._watches: queue.Queue[WatchSession] = queue.Queue()
@@ -193,12 +214,24 @@ class FakeApiServer:
     def _list(self, query: dict[str, str]) -> Canned:
         with self._lock:
             token = query.get("continue")
+            version = query.get("resourceVersion", "")
+            if token and version:
+                return Canned(400, status_body(400, "BadRequest", "specifying resource "
+                                               "version is not allowed when using continue"))
+            if version not in ("", "0") and int(version) > self.resource_version:
+                return Canned(504, too_large_body(int(version), self.resource_version))
+            from_cache = self.watch_cache and not token and (
+                version == "0" or (version != "" and "limit" not in query))
+            self.list_sources.append("cache" if from_cache else "etcd")
+            if not from_cache and version not in ("", "0") and not token \
+                    and int(version) < self.compacted:
+                return Canned(410, status_body(410, "Expired", "too old resource version"))
             if token and self.expire_continue > 0:
                 self.expire_continue -= 1
                 return Canned(410, status_body(410, "Expired", "continue token too old"))
             ordered = [self.objects[key] for key in sorted(self.objects)]
             start = int(token) if token else 0
-            limit = int(query["limit"]) if "limit" in query else len(ordered)
+            limit = int(query["limit"]) if "limit" in query and not from_cache else len(ordered)
             page = ordered[start:start + limit]
             metadata: dict[str, Any] = {"resourceVersion": str(self.resource_version)}
             if start + limit < len(ordered):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from fake_apiserver import Canned, FakeApiServer, WatchSession, status_body
+from fake_apiserver import Canned, FakeApiServer, WatchSession, status_body, too_large_body
 from kubernetes import client as k8s
 from structlog.testing import capture_logs
 
@@ -207,6 +207,148 @@ def test_expired_continue_token_restarts_the_list_in_one_page(
     assert len(running.recorder.take(5)) == 5
 
 
+# Where lists are served from (client-go's reflector resourceVersion rules).
+
+def list_params(server: FakeApiServer) -> list[tuple[str | None, str | None, str | None]]:
+    return [(r.query.get("resourceVersion"), r.query.get("limit"), r.query.get("continue"))
+            for r in server.requests_of("GET", watch=False)]
+
+
+def test_first_list_and_relists_are_served_from_the_watch_cache(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    server.watch_cache = True
+    for name in "abcde":
+        server.put(name)
+    running = start(page_size=2)
+    session = synced_watch(server, running)
+    assert len(running.recorder.take(5)) == 5
+    session.send({"type": "ADDED", "object": server.put("f")})
+    server.remove("a")
+    session.send({"type": "ERROR", "object": status_body(410, "Expired", "too old")})
+    assert server.next_watch().query["resourceVersion"] == "107"
+    assert running.recorder.take(2) == [("add", "ns/f", "106"), ("delete", "ns/a", "101")]
+    # The first list: resourceVersion=0 (the server ignores its limit); the relist: the
+    # last resourceVersion seen, unpaginated. Neither read every object from etcd.
+    assert list_params(server) == [("0", "2", None), ("106", None, None)]
+    assert server.list_sources == ["cache", "cache"]
+
+
+def test_without_a_watch_cache_lists_keep_paginating(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    for name in "abcde":
+        server.put(name)  # watch_cache is off: resourceVersion=0 comes back in pages
+    running = start(page_size=2)
+    session = synced_watch(server, running)
+    session.send({"type": "ERROR", "object": status_body(410, "Expired", "too old")})
+    server.next_watch()
+    assert list_params(server) == [("0", "2", None), (None, "2", "2"), (None, "2", "4"),
+                                   ("105", "2", None), (None, "2", "2"), (None, "2", "4")]
+
+
+def test_relist_at_a_too_large_resource_version_lists_at_the_latest(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    server.watch_cache = True
+    for name in "abc":
+        server.put(name)
+    running = start(page_size=2)
+    session = synced_watch(server, running)
+    assert len(running.recorder.take(3)) == 3
+    # etcd restored from an older backup: "c" and the versions after 102 never happened.
+    server.resource_version = 102
+    server.objects.pop("ns/c")
+    session.send({"type": "ERROR", "object": too_large_body(103, 102)})
+    rewatch = server.next_watch()
+    assert running.recorder.take(1) == [("delete", "ns/c", "103")]
+    assert list_params(server)[1:] == [("103", None, None), (None, "2", None)]
+    assert server.list_sources[1:] == ["etcd"]  # the 504 is answered before any read
+    assert rewatch.query["resourceVersion"] == "102"
+
+
+@pytest.mark.parametrize("status", [
+    status_body(500, "InternalError", "etcd leader changed"),
+    status_body(403, "Forbidden", "widgets is forbidden"),
+    too_large_body(200, 100),
+    {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 504,
+     "reason": "Timeout", "message": "Too large resource version: 200, current: 100"},
+], ids=["500", "403", "504-too-large", "504-too-large-before-1.18"])
+def test_watch_error_events_relist_like_client_gos_reflector(
+        server: FakeApiServer, start: Callable[..., Running], status: dict[str, Any]) -> None:
+    server.put("a")
+    running = start()
+    session = synced_watch(server, running)
+    running.recorder.take(1)
+    server.put("a", data={"v": "2"})  # a change the broken watch never delivers
+    session.send({"type": "ERROR", "object": status})
+    server.next_watch()
+    assert running.recorder.take(1) == [("update", "ns/a", "102")]
+    assert len(server.requests_of("GET", watch=False)) == 2
+
+
+def test_a_throttled_watch_backs_off_and_rewatches_without_relisting(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    running = start()
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    session.send({"type": "ERROR", "object": status_body(429, "TooManyRequests", "slow")})
+    assert server.next_watch().query["resourceVersion"] == "101"
+    assert len(server.requests_of("GET", watch=False)) == 1
+
+
+@pytest.mark.parametrize("refusal", [
+    Canned(504, status_body(504, "Timeout", "Too large resource version: 101, current: 100")),
+    Canned(500, status_body(500, "InternalError", "etcd down")),
+], ids=["504", "500"])
+def test_a_watch_refused_with_an_error_relists(
+        server: FakeApiServer, start: Callable[..., Running], refusal: Canned) -> None:
+    running = start()
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    assert running.recorder.take(1) == [("add", "ns/a", "101")]
+    server.canned.append(refusal)
+    session.close()  # the rewatch is refused
+    server.next_watch()
+    assert len(server.requests_of("GET", watch=False)) == 2
+
+
+def test_a_stream_of_garbage_relists(server: FakeApiServer,
+                                     start: Callable[..., Running]) -> None:
+    running = start()
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    session.send_raw(b"<html>proxy error</html>\n")
+    server.next_watch()
+    assert len(server.requests_of("GET", watch=False)) == 2
+
+
+def test_a_very_short_watch_relists(server: FakeApiServer,
+                                    start: Callable[..., Running]) -> None:
+    running = start(clock=lambda: 1000.0)  # no time passes: every watch is "very short"
+    session = synced_watch(server, running)
+    session.close()
+    server.next_watch()
+    assert len(server.requests_of("GET", watch=False)) == 2
+
+
+def test_unhealthy_while_lists_work_but_every_watch_fails(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    now = [1000.0]
+    running = start(clock=lambda: now[0])
+    failure = status_body(500, "InternalError", "watch broken")
+    session = synced_watch(server, running)
+    session.send({"type": "ERROR", "object": failure})
+    assert wait_until(lambda: running.informer.unhealthy_for() == 0.0 and
+                      len(server.requests_of("GET", watch=False)) == 2)
+    now[0] = 1400.0
+    # The relist succeeded, the next watch is accepted and fails at once again: still no
+    # working watch since the first failure at 1000.
+    server.next_watch().send({"type": "ERROR", "object": failure})
+    assert wait_until(lambda: running.informer.unhealthy_for() == 400.0)
+    session = server.next_watch()
+    session.send({"type": "ADDED", "object": server.put("a")})  # this one works
+    assert running.recorder.take(1) == [("add", "ns/a", "101")]
+    assert running.informer.unhealthy_for() == 0.0
+
+
 def test_read_timeout_rewatches_from_the_last_resource_version(
         server: FakeApiServer, start: Callable[..., Running]) -> None:
     running = start(watch_read_timeout=0.3)
@@ -284,7 +426,7 @@ def test_list_failure_backs_off_and_reports_unhealthy_until_it_recovers(
     session = server.next_watch()  # a retry after the backoff succeeded
     assert session.query["resourceVersion"] == "100"
     assert running.informer.has_synced()
-    assert running.informer.unhealthy_for() == 0.0
+    assert wait_until(lambda: running.informer.unhealthy_for() == 0.0)  # the watch works
     assert len(server.requests_of("GET", watch=False)) == 3
 
 

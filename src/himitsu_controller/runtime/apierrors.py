@@ -23,7 +23,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ApiError", "TransportError", "WriteRefused", "describe_exception", "redact_values"]
+__all__ = ["ApiError", "TransportError", "WriteRefused", "describe_exception",
+           "is_resource_expired", "is_too_large_resource_version", "redact_values"]
 
 # What client-go's apierrors reports when the body is not a Status object.
 _REASON_BY_STATUS = {
@@ -66,13 +67,16 @@ class ApiError(Exception):
     """
 
     def __init__(self, status: int, reason: str, message: str, *,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, causes: tuple[str, ...] = ()) -> None:
         message = redact_values(message[:_MAX_MESSAGE])[:_MAX_MESSAGE]
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.retry_after = retry_after
+        # The Status's details.causes[].reason (e.g. "ResourceVersionTooLarge"); their
+        # messages and fields are not kept (a validation cause may quote a value).
+        self.causes = causes
 
     @classmethod
     def from_response(cls, status: int, body: bytes,
@@ -83,11 +87,13 @@ class ApiError(Exception):
             decoded = json.loads(body) if body else None
         except ValueError:
             decoded = None
+        causes: tuple[str, ...] = ()
         if isinstance(decoded, dict) and decoded.get("kind") == "Status":
             reason = str(decoded.get("reason") or reason)
             message = str(decoded.get("message") or message)
+            causes = _cause_reasons(decoded)
         retry_after = _parse_retry_after((headers or {}).get("Retry-After"))
-        return cls(status, reason, message, retry_after=retry_after)
+        return cls(status, reason, message, retry_after=retry_after, causes=causes)
 
     @classmethod
     def from_status(cls, status_object: Mapping[str, Any]) -> ApiError:
@@ -95,7 +101,31 @@ class ApiError(Exception):
         code = int(status_object.get("code") or 500)
         reason = str(status_object.get("reason") or _REASON_BY_STATUS.get(code, "Unknown"))
         message = str(status_object.get("message") or f"watch error {code}")
-        return cls(code, reason, message)
+        return cls(code, reason, message, causes=_cause_reasons(status_object))
+
+
+def is_resource_expired(exc: ApiError) -> bool:
+    """client-go's isExpiredError: 410, reason Expired (or Gone, from servers before 1.18)."""
+    return exc.status == 410 or exc.reason in ("Expired", "Gone")
+
+
+def is_too_large_resource_version(exc: ApiError) -> bool:
+    """client-go's isTooLargeResourceVersionError: a list or watch asked for a
+    resourceVersion newer than the server has (e.g. after etcd was restored from a backup).
+
+    Servers since 1.18.6 say so with a cause; older ones only in a 504 Timeout's message.
+    """
+    if "ResourceVersionTooLarge" in exc.causes:
+        return True
+    return exc.reason == "Timeout" and "too large resource version" in exc.message.lower()
+
+
+def _cause_reasons(status_object: Mapping[str, Any]) -> tuple[str, ...]:
+    details = status_object.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if not isinstance(causes, list):
+        return ()
+    return tuple(str(c["reason"]) for c in causes if isinstance(c, dict) and c.get("reason"))
 
 
 def redact_values(message: str) -> str:

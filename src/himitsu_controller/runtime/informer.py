@@ -5,18 +5,25 @@ retry), never shows ERROR events, cannot tell a clean end of stream from a broke
 and has no store; the client's SharedInformer (37.x) builds generated models and has no
 relist-on-410 diff. A controller needs the reflector's guarantees:
 
-* LIST (paginated) then WATCH from the list's resourceVersion, so no change is missed
+* LIST then WATCH from the list's resourceVersion, so no change is missed
   between the two; ``allowWatchBookmarks`` keeps our resourceVersion fresh on quiet
   resources so a rewatch rarely hits 410.
 * A server ``timeoutSeconds`` random in [300, 600) spreads rewatches of many clients; a
   client read timeout (90 s, longer than the ~60 s bookmark interval) bounds a half-open
   connection, which would otherwise hang the watch forever.
 * A watch that ends (cleanly, by read timeout or by a reset) is reopened from the last
-  resourceVersion seen: no relist, no duplicate events. Only "too old resource version"
-  (410 Gone / Expired) forces a relist, which diffs against the cache and synthesises
-  deletes for objects that vanished meanwhile.
-* Other failures back off 0.8 s doubling to 30 s with jitter, so an unavailable
-  apiserver is not hammered; ``unhealthy_for()`` feeds the readiness probe.
+  resourceVersion seen: no relist, no duplicate events. As client-go's reflector, the
+  other ends relist: an expired resourceVersion (410) at once; any other ERROR event (a
+  504 "too large resource version" after an etcd restore, a 500, a 403), a watch
+  request that fails, a stream that is not events or a watch that dies within a second
+  with nothing, after a backoff. Only a 429 and a refused connection (the apiserver is
+  down) back off and rewatch. A relist diffs against the cache and synthesises deletes
+  for objects that vanished meanwhile; how it lists (from the watch cache, not etcd) is
+  ``pager``'s.
+* Failures back off 0.8 s doubling to 30 s with jitter, so an unavailable apiserver is
+  not hammered. ``unhealthy_for()`` is how long the informer has had no working watch
+  (a watch that fails before delivering anything does not count): the manager's
+  readiness and liveness probes are built on it.
 
 Handlers run on the informer thread, in event order; a failing handler is logged and
 the informer carries on. On a relist an object whose resourceVersion did not change is
@@ -35,9 +42,11 @@ from typing import Any
 
 import structlog
 
-from .apierrors import ApiError, TransportError, describe_exception
+from .apierrors import ApiError, TransportError, describe_exception, is_resource_expired
+from .pager import Pager
 from .rest import Resource, RestClient, WatchStream
 from .store import IndexFunc, Store, object_key, resource_version
+from .watchstream import WatchDecodeError
 
 __all__ = ["Informer", "Store", "object_key"]
 
@@ -101,7 +110,8 @@ class Informer:
         self._rest = rest
         self._path = resource.path(namespace if resource.namespaced else None)
         self._selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
-        self._page_size = page_size
+        self._pager = Pager(rest, resource, namespace=namespace, selectors=self._selectors,
+                            page_size=page_size, name=self.name)
         self._watch_read_timeout = watch_read_timeout
         self._clock = clock
         self._rng = rng
@@ -128,7 +138,8 @@ class Informer:
         return self._synced.wait(timeout)
 
     def unhealthy_for(self) -> float:
-        """Seconds since list/watch started failing without a success since; 0 if healthy."""
+        """Seconds since list/watch started failing without a working watch since; 0 if
+        healthy. A relist that succeeds while every watch fails does not reset it."""
         with self._state_lock:
             since = self._failing_since
         return 0.0 if since is None else max(0.0, self._clock() - since)
@@ -154,25 +165,30 @@ class Informer:
         log.info("informer starting", informer=self.name, path=self._path)
         need_list = True
         while not stop.is_set():
-            phase = "list" if need_list else "watch"
-            try:
-                if need_list:
+            if need_list:
+                try:
                     if not self._list_and_replace(stop):
                         break
                     need_list = False
-                    self._succeeded()
-                    continue
-                need_list = self._watch(stop)
-                if need_list:  # an ERROR event said so: the same line as a refused watch
-                    log.info("resource version too old, relisting", informer=self.name)
-            except ApiError as exc:
-                if phase == "watch" and _is_expired(exc.status, exc.reason):
-                    log.info("resource version too old, relisting", informer=self.name)
-                    need_list = True
-                    continue
-                self._failed(stop, phase, str(exc))
-            except Exception as exc:
-                self._failed(stop, phase, describe_exception(exc))
+                except Exception as exc:
+                    self._failed(stop, "list", _describe(exc))
+                continue
+            try:
+                after = self._watch(stop)
+            except Exception as exc:  # the watch request itself failed
+                after = _after_refused_watch(exc)
+            if stop.is_set():
+                break
+            need_list = after.relist
+            if after.error is None:
+                continue
+            if after.relist and not after.backoff:
+                log.info("resource version too old, relisting", informer=self.name)
+                continue
+            if after.relist:
+                log.warning("watch failed, relisting after a backoff", informer=self.name,
+                            error=after.error)
+            self._failed(stop, "watch", after.error)
         log.info("informer stopped", informer=self.name)
 
     def _close_stream_on(self, stop: threading.Event) -> None:
@@ -181,10 +197,6 @@ class Informer:
             stream = self._stream
         if stream is not None:
             stream.close()
-
-    def _succeeded(self) -> None:
-        with self._state_lock:
-            self._failing_since = None
 
     def _failed(self, stop: threading.Event, phase: str, error: str) -> None:
         with self._state_lock:
@@ -196,7 +208,7 @@ class Informer:
         stop.wait(delay)
 
     def _list_and_replace(self, stop: threading.Event) -> bool:
-        listed = self._list(stop)
+        listed = self._pager.list(self._rv, stop)
         if listed is None:
             return False
         items, rv = listed
@@ -215,41 +227,8 @@ class Informer:
                  changed=len(changed), deleted=len(deleted), resource_version=rv)
         return True
 
-    def _list(self, stop: threading.Event) -> tuple[dict[str, Object], str] | None:
-        """All pages of one consistent LIST.
-
-        If a continue token expires (the snapshot was compacted away mid-listing), start
-        over with a single unpaginated LIST, as client-go's pager does.
-        """
-        limit: int | None = self._page_size
-        while True:
-            items: dict[str, Object] = {}
-            token: str | None = None
-            while True:
-                if stop.is_set():
-                    return None
-                query: dict[str, Any] = {**self._selectors, "limit": limit, "continue": token}
-                try:
-                    page = self._rest.list(self.resource, namespace=self._list_namespace(),
-                                           query=query)
-                except ApiError as exc:
-                    if token is not None and exc.status == 410:
-                        log.info("list continue token expired, listing again in one page",
-                                 informer=self.name)
-                        limit = None
-                        break
-                    raise
-                _collect(page, items)
-                metadata = page.get("metadata") or {}
-                token = metadata.get("continue") or None
-                if token is None:
-                    return items, str(metadata.get("resourceVersion", ""))
-
-    def _list_namespace(self) -> str | None:
-        return self.namespace if self.resource.namespaced else None
-
-    def _watch(self, stop: threading.Event) -> bool:
-        """One watch request; True when the resourceVersion expired (relist needed)."""
+    def _watch(self, stop: threading.Event) -> _After:
+        """One watch request, from the last resourceVersion seen; what to do next."""
         query: dict[str, Any] = {
             **self._selectors, "resourceVersion": self._rv, "allowWatchBookmarks": True,
             "timeoutSeconds": WATCH_TIMEOUT_MIN + int(self._rng() * WATCH_TIMEOUT_SPREAD)}
@@ -257,45 +236,54 @@ class Informer:
         stream = self._rest.watch(self._path, query=query,
                                   read_timeout=self._watch_read_timeout)
         with self._state_lock:
-            # An accepted watch ends a failure streak, unless it dies at once (below).
+            # An accepted watch ends a failure streak, unless it fails before it delivers
+            # anything (below): a watch refused that way over and over is no working watch.
             streak, self._failing_since = self._failing_since, None
             self._stream = stream
         if stop.is_set():  # the closer may have run before the stream was published
             stream.close()
         events = 0
+        after = _REWATCH
         try:
             with stream:
                 for event in stream:
-                    if _is_expired_event(event):
-                        return True
+                    if event.get("type") == "ERROR":
+                        after = _after_error_event(event.get("object"))
+                        break
                     events += 1
                     self._handle_event(event)
         except TransportError as exc:
             if not stop.is_set():
                 log.info("watch connection broke, rewatching", informer=self.name,
                          error=str(exc), resource_version=self._rv)
+        except WatchDecodeError as exc:
+            # client-go turns an undecodable stream into an internal error: relist.
+            after = _After(relist=True, backoff=True, error=str(exc))
         finally:
             with self._state_lock:
                 self._stream = None
-        if not stop.is_set() and events == 0 and self._clock() - started < SHORT_WATCH:
+        if stop.is_set():
+            return _REWATCH
+        if after.error is None and events == 0 and self._clock() - started < SHORT_WATCH:
+            after = _After(relist=True, backoff=True,
+                           error="very short watch: closed within a second with no event")
+        if events == 0 and after.error is not None:
             with self._state_lock:
-                self._failing_since = streak
-            raise TransportError("very short watch: closed within a second with no event")
-        return False
+                self._failing_since = streak if streak is not None else started
+        return after
 
     def _handle_event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
         obj = event.get("object")
-        if not isinstance(obj, dict):
-            raise TransportError(f"watch event {kind!r} without an object")
-        if kind == "ERROR":
-            raise ApiError.from_status(obj)
+        if not isinstance(obj, dict) or kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+            # As client-go: an event it cannot understand is reported and skipped.
+            log.warning("skipping a watch event it cannot understand", informer=self.name,
+                        type=str(kind)[:40])
+            return
         rv = resource_version(obj)
         if kind == "BOOKMARK":
             self._rv = rv or self._rv
             return
-        if kind not in ("ADDED", "MODIFIED", "DELETED"):
-            raise TransportError(f"unknown watch event type {kind!r}")
         key = object_key(obj)
         with self._dispatch_lock:
             if kind == "DELETED":
@@ -330,26 +318,42 @@ class Informer:
                           key=object_key(objs[-1]))
 
 
-def _collect(page: Mapping[str, Any], items: dict[str, Object]) -> None:
-    # List items carry no apiVersion/kind; fill them in so cached objects look the same
-    # whether they came from a LIST or a watch event.
-    api_version = page.get("apiVersion")
-    list_kind = str(page.get("kind", ""))
-    kind = list_kind.removesuffix("List") if list_kind.endswith("List") else None
-    for item in page.get("items") or []:
-        if api_version and "apiVersion" not in item:
-            item["apiVersion"] = api_version
-        if kind and "kind" not in item:
-            item["kind"] = kind
-        items[object_key(item)] = item
+@dataclass(frozen=True)
+class _After:
+    """What a watch's end calls for: rewatch or relist, at once or after a backoff."""
+
+    relist: bool
+    backoff: bool
+    error: str | None = None
 
 
-def _is_expired(status: int | None, reason: str | None) -> bool:
-    return status == 410 or reason in ("Expired", "Gone")
+_REWATCH = _After(relist=False, backoff=False)
 
 
-def _is_expired_event(event: Mapping[str, Any]) -> bool:
-    obj = event.get("object")
-    if event.get("type") != "ERROR" or not isinstance(obj, dict):
-        return False
-    return _is_expired(obj.get("code"), obj.get("reason"))
+def _after_error_event(status: Any) -> _After:
+    """client-go's reflector on a watch ERROR event: a 429 backs off and rewatches; an
+    expired resourceVersion relists; anything else (a 504 "too large resource version"
+    after an etcd restore, a 500, a 403...) backs off and relists."""
+    if not isinstance(status, dict):
+        return _After(relist=True, backoff=True, error="watch ERROR event without a Status")
+    return _after_api_error(ApiError.from_status(status))
+
+
+def _after_api_error(exc: ApiError) -> _After:
+    if exc.status == 429:
+        return _After(relist=False, backoff=True, error=str(exc))
+    return _After(relist=True, backoff=not is_resource_expired(exc), error=str(exc))
+
+
+def _after_refused_watch(exc: Exception) -> _After:
+    """The watch request failed: as client-go, only a refused connection (the apiserver is
+    down: the watch will resume where it was) and a 429 rewatch; the rest relists."""
+    if isinstance(exc, ApiError):
+        return _after_api_error(exc)
+    if isinstance(exc, TransportError) and "refused" in str(exc).lower():
+        return _After(relist=False, backoff=True, error=str(exc))
+    return _After(relist=True, backoff=True, error=_describe(exc))
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ApiError | TransportError) else describe_exception(exc)

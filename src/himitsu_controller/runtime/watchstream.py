@@ -26,14 +26,23 @@ import urllib3
 
 from .apierrors import TransportError, describe_exception
 
-__all__ = ["WatchStream"]
+__all__ = ["WatchDecodeError", "WatchStream"]
+
+
+class WatchDecodeError(Exception):
+    """The stream is intact but sent something that is not a watch event.
+
+    Apart from TransportError because client-go answers the two differently: a broken
+    connection is resumed from the last resourceVersion, garbage means a relist.
+    """
 
 
 class WatchStream:
     """The events of one watch request, decoded line by line.
 
     Iterating yields event dicts (``type``, ``object``) until the server ends the stream
-    (StopIteration) or the connection breaks (TransportError). ``close()`` may be called
+    (StopIteration), the connection breaks (TransportError) or a line is no event
+    (WatchDecodeError). ``close()`` may be called
     from any thread and ends the iteration promptly and quietly.
     """
 
@@ -61,10 +70,10 @@ class WatchStream:
             event = json.loads(line)
         except ValueError:
             self._release()
-            raise TransportError("watch stream sent a line that is not JSON") from None
+            raise WatchDecodeError("watch stream sent a line that is not JSON") from None
         if not isinstance(event, dict) or "type" not in event:
             self._release()
-            raise TransportError("watch stream sent something that is not an event")
+            raise WatchDecodeError("watch stream sent something that is not an event")
         return event
 
     @property

@@ -1,0 +1,133 @@
+"""How the informer LISTs: client-go's reflector ``list()`` and its pager, on raw dicts.
+
+Why the resourceVersion of a LIST matters: it decides whether kube-apiserver answers
+from its watch cache (memory) or reads every object of the type from etcd and filters
+them (a label selector does not help etcd). A relist of the Secret informer must not
+read every Secret in the cluster from etcd. The rules, as client-go's reflector:
+
+* The first list asks for ``resourceVersion=0`` ("any"): the watch cache serves it. Older
+  servers ignore ``limit`` there and answer in one page; if the answer came paginated
+  anyway (the watch cache is off for the type), later lists keep paginating too.
+* A relist asks for the last resourceVersion the informer saw, without ``limit`` ("not
+  older than" that version): the watch cache serves it, and the cache never goes back in
+  time. A ``limit`` would make it an "exact" read, which only etcd serves.
+* When that resourceVersion is unavailable -- expired (410) or too large (504
+  ``ResourceVersionTooLarge``, e.g. after etcd was restored from a backup) -- list again
+  at once with ``resourceVersion=""``: a consistent read at the latest version,
+  paginated (etcd, or the watch cache on servers with consistent reads from cache).
+* Continue pages carry no resourceVersion (the apiserver refuses one with ``continue``);
+  when a continue token expires mid-listing (its snapshot was compacted away), list once
+  more in a single page at the requested resourceVersion.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from .apierrors import ApiError, is_resource_expired, is_too_large_resource_version
+from .rest import Resource, RestClient
+from .store import object_key
+
+__all__ = ["Pager"]
+
+log = structlog.get_logger(__name__)
+
+Object = dict[str, Any]
+Listing = tuple[dict[str, Object], str]  # objects by key, the list's resourceVersion
+
+
+class Pager:
+    """LISTs one resource (namespace, selectors) with the reflector's resourceVersions."""
+
+    def __init__(self, rest: RestClient, resource: Resource, *, namespace: str | None,
+                 selectors: Mapping[str, str | None], page_size: int, name: str) -> None:
+        self._rest = rest
+        self._resource = resource
+        self._namespace = namespace if resource.namespaced else None
+        self._selectors = dict(selectors)
+        self._page_size = page_size
+        self._name = name
+        # The first list (resourceVersion=0) came back in pages: no watch cache to prefer.
+        self._paginated = False
+        # The last list at the informer's resourceVersion found it expired or too large.
+        self._unavailable = False
+
+    def resource_version_for(self, last_seen: str) -> str:
+        """client-go's relistResourceVersion: "" after an unavailable one, "0" at first."""
+        if self._unavailable:
+            return ""
+        return last_seen or "0"
+
+    def list(self, last_seen: str, stop: threading.Event) -> Listing | None:
+        """Every object, and the resourceVersion to watch from; None when ``stop`` is set."""
+        version = self.resource_version_for(last_seen)
+        try:
+            listed = self._list_at(version, stop)
+        except ApiError as exc:
+            if not (is_resource_expired(exc) or is_too_large_resource_version(exc)):
+                raise
+            log.info("resource version unavailable, listing at the latest", informer=self._name,
+                     resource_version=version, status=exc.status, reason=exc.reason)
+            self._unavailable = True
+            listed = self._list_at(self.resource_version_for(last_seen), stop)
+        if listed is None:
+            return None
+        items, listed_version, paginated = listed
+        if version == "0" and paginated:
+            self._paginated = True
+        self._unavailable = False
+        return items, listed_version
+
+    def _list_at(self, version: str, stop: threading.Event,
+                 ) -> tuple[dict[str, Object], str, bool] | None:
+        limit: int | None = self._page_size
+        if version not in ("", "0") and not self._paginated:
+            limit = None  # unpaginated at a known version: the watch cache serves it
+        first: dict[str, Any] = {**self._selectors, "resourceVersion": version or None,
+                                 "limit": limit}
+        query = first
+        items: dict[str, Object] = {}
+        paginated = False
+        while True:
+            if stop.is_set():
+                return None
+            try:
+                page = self._rest.list(self._resource, namespace=self._namespace, query=query)
+            except ApiError as exc:
+                if "continue" not in query or exc.status != 410:
+                    raise
+                log.info("list continue token expired, listing again in one page",
+                         informer=self._name)
+                page = self._rest.list(self._resource, namespace=self._namespace,
+                                       query={**first, "limit": None})
+                items = {}
+                _collect(page, items)
+                return items, _version(page), paginated
+            _collect(page, items)
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items, _version(page), paginated
+            query = {**self._selectors, "limit": limit, "continue": token}
+            paginated = True
+
+
+def _version(page: Mapping[str, Any]) -> str:
+    return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def _collect(page: Mapping[str, Any], items: dict[str, Object]) -> None:
+    # List items carry no apiVersion/kind; fill them in so cached objects look the same
+    # whether they came from a LIST or a watch event.
+    api_version = page.get("apiVersion")
+    list_kind = str(page.get("kind", ""))
+    kind = list_kind.removesuffix("List") if list_kind.endswith("List") else None
+    for item in page.get("items") or []:
+        if api_version and "apiVersion" not in item:
+            item["apiVersion"] = api_version
+        if kind and "kind" not in item:
+            item["kind"] = kind
+        items[object_key(item)] = item
