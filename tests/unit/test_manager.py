@@ -17,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from himitsu_controller.runtime.controller import Controller, Result
-from himitsu_controller.runtime.manager import Manager
+from himitsu_controller.runtime.manager import WATCH_LIVENESS_TIMEOUT, Manager
 
 WAIT = 10.0
 
@@ -428,6 +428,43 @@ def test_probes_follow_sync_watch_health_and_worker_liveness(
     status, body = probe(mgr, "/healthz")
     assert status == 500
     assert "[-]workers failed: dead worker threads in: ctrl" in body
+
+
+def test_healthz_fails_once_a_cache_has_had_no_working_watch_for_minutes(
+    journal: Journal, start: Callable[[Manager], Running]
+) -> None:
+    informer = FakeInformer("things", journal)
+    mgr = manager(health_probe_bind_address="127.0.0.1:0")
+    mgr.add_informer(informer)
+    start(mgr)
+    journal.wait_for("informer-run:things")
+    informer.unhealthy = WATCH_LIVENESS_TIMEOUT - 1  # unready, but not restarted yet
+    assert probe(mgr, "/readyz")[0] == 500
+    assert probe(mgr, "/healthz") == (200, "ok")
+    informer.unhealthy = WATCH_LIVENESS_TIMEOUT + 1
+    status, body = probe(mgr, "/healthz")
+    assert status == 500
+    seconds = f"{WATCH_LIVENESS_TIMEOUT + 1:.0f}s"
+    assert f"[-]watches failed: no working watch for too long: things ({seconds})" in body
+    informer.unhealthy = 0.0  # a watch works again
+    assert probe(mgr, "/healthz") == (200, "ok")
+
+
+def test_watch_liveness_timeout_is_configurable_and_0_disables_it(
+    journal: Journal, start: Callable[[Manager], Running]
+) -> None:
+    short, off = FakeInformer("short", journal), FakeInformer("off", journal)
+    short.unhealthy = off.unhealthy = 61.0
+    mgr_short = manager(health_probe_bind_address="127.0.0.1:0", watch_liveness_timeout=60.0)
+    mgr_off = manager(health_probe_bind_address="127.0.0.1:0", watch_liveness_timeout=0.0)
+    mgr_short.add_informer(short)
+    mgr_off.add_informer(off)
+    start(mgr_short)
+    start(mgr_off)
+    journal.wait_for("informer-run:short")
+    journal.wait_for("informer-run:off")
+    assert probe(mgr_short, "/healthz")[0] == 500
+    assert probe(mgr_off, "/healthz") == (200, "ok")
 
 
 def test_healthz_fails_when_an_informer_thread_dies(

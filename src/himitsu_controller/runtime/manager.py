@@ -50,6 +50,9 @@ log = structlog.get_logger(__name__)
 
 # A watch failing to reconnect for longer than this makes the replica unready.
 UNHEALTHY_WATCH_THRESHOLD = 30.0
+# ...and for longer than this, fails /healthz so the kubelet restarts the pod: a cache
+# that has had no working watch for minutes is stale, and restarting is what is left.
+WATCH_LIVENESS_TIMEOUT = 300.0
 _SYNC_POLL_INTERVAL = 0.1
 _SIGNAL_POLL_INTERVAL = 0.5
 # Caps of the shutdown steps after the drain (seconds; all within the one budget).
@@ -80,6 +83,7 @@ class Manager:
         graceful_shutdown_timeout: float = 30.0,
         cache_sync_timeout: float = 120.0,
         events: EventFlusher | None = None,
+        watch_liveness_timeout: float = WATCH_LIVENESS_TIMEOUT,
     ) -> None:
         """``graceful_shutdown_timeout`` bounds the whole shutdown (see ``shutdown_bound``);
         ``events`` is started with the manager and flushed on its way out."""
@@ -89,6 +93,7 @@ class Manager:
         self._leader_election = leader_election
         self._graceful_shutdown_timeout = graceful_shutdown_timeout
         self._cache_sync_timeout = cache_sync_timeout
+        self._watch_liveness_timeout = watch_liveness_timeout
         self._informers: list[InformerLike] = []
         self._controllers: list[ControllerLike] = []
         self._runnables: list[_Runnable] = []
@@ -109,6 +114,8 @@ class Manager:
         self._elector_thread: threading.Thread | None = None
         self._probes.add_healthz("workers", self._check_workers)
         self._probes.add_healthz("informers", self._check_informer_threads)
+        if watch_liveness_timeout > 0:
+            self._probes.add_healthz("watches", self._check_watches_alive)
         self._probes.add_readyz("caches-synced", self._check_caches_synced)
         self._probes.add_readyz("watches", self._check_watches)
 
@@ -407,10 +414,14 @@ class Manager:
         return f"waiting for caches: {', '.join(pending) or 'starting'}"
 
     def _check_watches(self) -> str | None:
+        failing = self._watches_failing_for(UNHEALTHY_WATCH_THRESHOLD)
+        return f"watches failing to reconnect: {failing}" if failing else None
+
+    def _check_watches_alive(self) -> str | None:
+        failing = self._watches_failing_for(self._watch_liveness_timeout)
+        return f"no working watch for too long: {failing}" if failing else None
+
+    def _watches_failing_for(self, threshold: float) -> str:
         unhealthy = [(i.name, i.unhealthy_for()) for i in self._informers]
-        failing = [
-            f"{name} ({seconds:.0f}s)"
-            for name, seconds in unhealthy
-            if seconds > UNHEALTHY_WATCH_THRESHOLD
-        ]
-        return f"watches failing to reconnect: {', '.join(failing)}" if failing else None
+        return ", ".join(f"{name} ({seconds:.0f}s)" for name, seconds in unhealthy
+                         if seconds > threshold)
