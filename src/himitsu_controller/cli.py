@@ -51,6 +51,11 @@ API_URLS_PLACEHOLDER = "REPLACE-WITH-YOUR-HIMITSU-API-URLS"
 
 
 def _duration(text: str) -> float:
+    """A Go duration (``15s``, ``1m30s``, ``500ms``), as every duration flag takes and shows."""
+    bare = text.strip()
+    if bare.replace(".", "", 1).isdigit() and float(bare) != 0:  # Go takes "0" alone
+        raise argparse.ArgumentTypeError(
+            f"{bare!r} has no unit: write a Go duration such as {bare}s or 1m30s")
     try:
         return api.parse_duration(text)
     except api.InvalidSpec as exc:
@@ -101,20 +106,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="namespace of the Lease (default: the pod's namespace, "
                          "'default' outside a cluster)")
     le.add_argument("--leader-election-id", default=LEASE_NAME, help="name of the Lease")
-    le.add_argument("--leader-election-lease-duration", type=_duration, default=15.0,
-                    metavar="DURATION", help="how long a standby waits before taking over (s)")
-    le.add_argument("--leader-election-renew-deadline", type=_duration, default=10.0,
-                    metavar="DURATION", help="how long the leader retries renewing (s)")
-    le.add_argument("--leader-election-retry-period", type=_duration, default=2.0,
-                    metavar="DURATION", help="interval between acquire/renew attempts (s)")
+    # Duration defaults are strings: argparse parses them like the command line, and the
+    # help then shows them as a user writes them (15s, not 15.0).
+    le.add_argument("--leader-election-lease-duration", type=_duration, default="15s",
+                    metavar="DURATION", help="how long a standby waits before taking over")
+    le.add_argument("--leader-election-renew-deadline", type=_duration, default="10s",
+                    metavar="DURATION", help="how long the leader retries renewing")
+    le.add_argument("--leader-election-retry-period", type=_duration, default="2s",
+                    metavar="DURATION", help="interval between acquire/renew attempts")
     ops = p.add_argument_group("serving and limits")
     ops.add_argument("--metrics-bind-address", default=":8080",
                      help="address for /metrics; '0' disables")
     ops.add_argument("--health-probe-bind-address", default=":8081",
                      help="address for /healthz and /readyz; '0' disables")
-    ops.add_argument("--graceful-shutdown-timeout", type=_duration, default=30.0,
+    ops.add_argument("--graceful-shutdown-timeout", type=_duration, default="30s",
                      metavar="DURATION", help="bound on the whole shutdown: draining in-flight "
-                     "reconciles, flushing Events, releasing the Lease, stopping watches (s)")
+                     "reconciles, flushing Events, releasing the Lease, stopping watches")
+    ops.add_argument("--watch-liveness-timeout", type=_duration, default="5m",
+                     metavar="DURATION",
+                     help="/healthz fails (the kubelet restarts the pod) once a cache has had "
+                          "no working watch this long; 0 disables")
     ops.add_argument("--kube-api-qps", type=_positive_float, default=150.0,
                      help="client-side request rate limit towards kube-apiserver")
     ops.add_argument("--kube-api-burst", type=_positive_int, default=300,
@@ -196,6 +207,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         if gate is not None else None,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
         events=recorder,
+        watch_liveness_timeout=args.watch_liveness_timeout,
     )
     manager.add_informer(hsecs)
     manager.add_informer(secrets)

@@ -132,3 +132,39 @@ def test_an_unusable_allow_list_stops_the_operator_with_one_line(
     (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert line.startswith("himitsu-controller: error: --allowed-api-urls")
     assert said in line
+
+
+# Duration flags: Go durations in, Go durations shown.
+
+DURATION_FLAGS = {
+    "--leader-election-lease-duration": ("leader_election_lease_duration", "15s", 15.0),
+    "--leader-election-renew-deadline": ("leader_election_renew_deadline", "10s", 10.0),
+    "--leader-election-retry-period": ("leader_election_retry_period", "2s", 2.0),
+    "--graceful-shutdown-timeout": ("graceful_shutdown_timeout", "30s", 30.0),
+    "--watch-liveness-timeout": ("watch_liveness_timeout", "5m", 300.0),
+    "--sync-period": ("sync_period", "10h", 36000.0),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(DURATION_FLAGS))
+def test_duration_flags_take_what_help_shows(flag: str) -> None:
+    dest, shown, seconds = DURATION_FLAGS[flag]
+    parser = cli.build_parser()
+    help_text = " ".join(parser.format_help().split())
+    entry = help_text.rpartition(f"{flag} DURATION")[2].partition(" --")[0]  # not usage
+    assert f"(default: {shown})" in entry
+    assert getattr(parser.parse_args([]), dest) == seconds
+    # What the help shows is what the flag takes.
+    assert getattr(parser.parse_args([flag, shown]), dest) == seconds
+    assert getattr(parser.parse_args([flag, "1m30s"]), dest) == 90.0
+    assert getattr(parser.parse_args([flag, "1500ms"]), dest) == 1.5
+
+
+def test_a_duration_without_a_unit_is_refused_with_the_fix(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args(["--leader-election-lease-duration", "15"])
+    assert exit_info.value.code == 2
+    assert "'15' has no unit: write a Go duration such as 15s" in capsys.readouterr().err
+    assert cli.build_parser().parse_args(["--watch-liveness-timeout", "0"]) \
+        .watch_liveness_timeout == 0.0
