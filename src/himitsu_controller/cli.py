@@ -43,6 +43,7 @@ log = structlog.get_logger(__name__)
 CONTROLLER_NAME = "himitsusecret"
 LEASE_NAME = "himitsu-operator.himitsu.io"
 TARGET_INDEX = "target"
+AUTH_INDEX = "auth-secret-ref"
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 EVENT_QPS, EVENT_BURST = 20.0, 50
 # What deploy/manager/manager.yaml ships in HIMITSU_API_URLS: left as is, the operator
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     _check_reachable(rest, args.namespace)
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
-        indexers={TARGET_INDEX: _target_index},
+        indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},
     )
     secrets = Informer(
         rest, kube.SECRETS, namespace=args.namespace, name="secrets",
@@ -192,10 +193,11 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         component=kube.COMPONENT, reporting_controller=kube.REPORTING_CONTROLLER,
         instance=socket.gethostname(),
     )
+    kube_client = kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store,
+                                  events=recorder)
+    _forget_tokens_with_their_users(hsecs, kube_client)
     reconciler = HimitsuSecretReconciler(
-        kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store,
-                        events=recorder),
-        polls.SharedPoller(client), allowed_api_urls=allowed,
+        kube_client, polls.SharedPoller(client), allowed_api_urls=allowed,
         allow_insecure_http=args.allow_insecure_http,
     )
     ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=workers)
@@ -280,6 +282,20 @@ def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
         return [handler.object_key(o) for o in hsecs.store.by_index(TARGET_INDEX, key)]
 
     _attach(secrets, handler.enqueue_mapped(ctrl, claimants))
+
+
+def _forget_tokens_with_their_users(hsecs: Informer, kube_client: kube.KubeClient) -> None:
+    """A token value stays cached only while some HimitsuSecret names its Secret and key.
+
+    The store has already dropped (or replaced) the object when these handlers run, so
+    the index answers whether anything else still names that token.
+    """
+    def still_named(ref: str) -> bool:
+        return bool(hsecs.store.by_index(AUTH_INDEX, ref))
+
+    hsecs.add_handler(
+        on_update=lambda old, new: kube_client.forget_token_of(old, still_named=still_named),
+        on_delete=lambda obj: kube_client.forget_token_of(obj, still_named=still_named))
 
 
 def _attach(informer: Informer, handlers: handler.Handlers) -> None:

@@ -8,6 +8,13 @@ the target from the Secret informer (which only sees Secrets labelled
 every five minutes, and at once after Himitsu rejects it. Anything not in a cache (a
 target not yet adopted, a deleted one, the token Secret) is read directly.
 
+The token cache follows live objects: a value is dropped once no HimitsuSecret names its
+(namespace, Secret, key) any more (``forget_token_of``, wired to the HimitsuSecret
+informer's updates and deletes), and whatever was not read for five minutes (it would
+be read afresh anyway) is swept out; a per-token reader lock lives only while a read
+of that token is under way. Memory therefore tracks the HimitsuSecrets that exist, and
+a token value does not outlive the last HimitsuSecret that used it.
+
 Secrets are only ever read in the HimitsuSecret's own namespace: RBAC cannot narrow a
 ClusterRole's Secret access, so the code has to.
 """
@@ -19,7 +26,8 @@ import binascii
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -41,6 +49,30 @@ class Store(Protocol):
     def get(self, key: str) -> dict[str, Any] | None: ...
 
 
+def token_refs(obj: Mapping[str, Any]) -> list[str]:
+    """"namespace/secret/key" of the token a HimitsuSecret names: an informer index function.
+
+    Raw fields with the spec's defaults (key "token"); a malformed spec names nothing.
+    Neither Secret names nor data keys can hold a "/", so the value splits back apart.
+    """
+    namespace = (obj.get("metadata") or {}).get("namespace")
+    ref = (obj.get("spec") or {}).get("authSecretRef")
+    if not isinstance(namespace, str) or not isinstance(ref, dict):
+        return []
+    name, key = ref.get("name"), ref.get("key") or "token"
+    if not isinstance(name, str) or not name or not isinstance(key, str):
+        return []
+    return [f"{namespace}/{name}/{key}"]
+
+
+class _Reader:
+    """One token's reader lock and how many threads hold or wait for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class KubeClient:
     def __init__(
         self, rest: RestClient, *, himitsu_secrets: Store, secrets: Store,
@@ -56,8 +88,9 @@ class KubeClient:
         self._instance = instance or socket.gethostname()
         # The value and the Secret's allowed-api-urls annotation, read together.
         self._tokens: dict[tuple[str, str, str], tuple[float, SecretValue]] = {}
-        self._readers: dict[tuple[str, str, str], threading.Lock] = {}
+        self._readers: dict[tuple[str, str, str], _Reader] = {}
         self._lock = threading.Lock()
+        self._swept: float | None = None
 
     def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """One apiserver call; an unreachable apiserver becomes a KubeError like any refusal."""
@@ -98,6 +131,7 @@ class KubeClient:
             cached = self._cached_value(ident)
             if cached is not None:
                 return cached
+            self._sweep()  # on misses only: one comes at least every TTL while any is used
             return self._read_value(namespace, name, key)
 
     def _cached_value(self, ident: tuple[str, str, str]) -> SecretValue | None:
@@ -106,20 +140,49 @@ class KubeClient:
         now = self._clock()
         return hit[1] if hit is not None and now - hit[0] < self._token_ttl else None
 
-    def _reader(self, ident: tuple[str, str, str]) -> threading.Lock:
+    @contextmanager
+    def _reader(self, ident: tuple[str, str, str]) -> Iterator[None]:
         with self._lock:
-            return self._readers.setdefault(ident, threading.Lock())
+            reader = self._readers.setdefault(ident, _Reader())
+            reader.users += 1
+        try:
+            with reader.lock:
+                yield
+        finally:
+            with self._lock:
+                reader.users -= 1
+                if reader.users == 0:
+                    del self._readers[ident]
+
+    def _sweep(self) -> None:
+        """Drop values not read for a TTL (they would be read afresh): at most once a TTL."""
+        now = self._clock()
+        with self._lock:
+            if self._swept is not None and now - self._swept < self._token_ttl:
+                return
+            self._swept = now
+            stale = [i for i, (read_at, _) in self._tokens.items()
+                     if now - read_at >= self._token_ttl]
+            for ident in stale:
+                del self._tokens[ident]
+
+    def cache_sizes(self) -> dict[str, int]:
+        """How many token values and reader locks are held (for tests and benchmarks)."""
+        with self._lock:
+            return {"tokens": len(self._tokens), "readers": len(self._readers)}
 
     def _read_value(self, namespace: str, name: str, key: str) -> SecretValue:
         now = self._clock()
         secret = self.get_secret(namespace, name, fresh=True)
-        if secret is None:
+        if secret is None:  # the token Secret is gone: so is our copy
+            self.forget_secret_value(namespace, name, key)
             raise SecretNotFound(name)
         bound = ((secret.get("metadata") or {}).get("annotations") or {}).get(
             api.ANN_ALLOWED_API_URLS)
         bound = bound if isinstance(bound, str) else None
         encoded = (secret.get("data") or {}).get(key)
-        if encoded is None:
+        if encoded is None:  # ...and so is a key that is gone
+            self.forget_secret_value(namespace, name, key)
             return SecretValue(None, bound)
         try:
             found = SecretValue(base64.b64decode(encoded, validate=True), bound)
@@ -132,6 +195,16 @@ class KubeClient:
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
         with self._lock:
             self._tokens.pop((namespace, name, key), None)
+
+    def forget_token_of(self, obj: Mapping[str, Any], *,
+                        still_named: Callable[[str], bool]) -> None:
+        """A HimitsuSecret was deleted or changed: drop the value of the token it named
+        unless ``still_named(ref)`` says another HimitsuSecret names it too."""
+        for ref in token_refs(obj):
+            if not still_named(ref):
+                namespace, name, key = ref.split("/", 2)
+                self.forget_secret_value(namespace, name, key)
+        self._sweep()
 
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = body["metadata"]["name"]

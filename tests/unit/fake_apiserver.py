@@ -121,6 +121,7 @@ class FakeApiServer:
         self.resource_version = 100
         self.expire_continue = 0
         self.watch_cache = False
+        self.collections = {"widgets", "configmaps", "secrets", "leases"}  # LIST, not GET
         self.compacted = 0
         self.list_sources: list[str] = []
         self.canned: deque[Canned] = deque()
@@ -167,7 +168,8 @@ class FakeApiServer:
     # Object helpers: return the stored object, as a watch event would carry it.
 
     def put(self, name: str, *, namespace: str = "ns", labels: dict[str, str] | None = None,
-            data: dict[str, Any] | None = None) -> dict[str, Any]:
+            data: dict[str, Any] | None = None,
+            spec: dict[str, Any] | None = None) -> dict[str, Any]:
         with self._lock:
             self.resource_version += 1
             obj = {"apiVersion": self.api_version, "kind": self.list_kind[:-4],
@@ -175,6 +177,8 @@ class FakeApiServer:
                                 "resourceVersion": str(self.resource_version),
                                 "labels": labels or {}},
                    "data": data or {}}
+            if spec is not None:
+                obj["spec"] = spec
             self.objects[f"{namespace}/{name}"] = obj
             return json.loads(json.dumps(obj))  # type: ignore[no-any-return]
 
@@ -284,7 +288,7 @@ def _make_handler(server: FakeApiServer) -> type[http.server.BaseHTTPRequestHand
                 return None
             if self.command == "GET":
                 last = path.rstrip("/").split("/")[-1]
-                collection = last in {"widgets", "configmaps", "secrets", "leases"}
+                collection = last in server.collections
                 return server._list(query) if collection else server._get(path)
             try:
                 parsed: Any = json.loads(body) if body else None

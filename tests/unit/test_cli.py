@@ -7,11 +7,13 @@ reports reaches the apiserver, and no recorder thread outlives ``run``.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +21,11 @@ import pytest
 import structlog
 from fake_apiserver import Canned, FakeApiServer, Recorded, kubeconfig_for
 
-from himitsu_controller import __version__, api, cli
+from himitsu_controller import __version__, api, cli, kube
+from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.kubeconfig import ConfigError
 from himitsu_controller.runtime.metrics import REGISTRY
+from himitsu_controller.runtime.rest import RestClient
 
 TIMEOUT = 30.0
 EVENTS_PATH = "/api/v1/namespaces/apps/events"
@@ -168,3 +172,51 @@ def test_a_duration_without_a_unit_is_refused_with_the_fix(
     assert "'15' has no unit: write a Go duration such as 15s" in capsys.readouterr().err
     assert cli.build_parser().parse_args(["--watch-liveness-timeout", "0"]) \
         .watch_liveness_timeout == 0.0
+
+
+# The token cache follows the HimitsuSecrets that name a token.
+
+def test_a_token_value_goes_with_the_last_himitsu_secret_naming_it() -> None:
+    server = FakeApiServer(list_kind=f"{api.KIND}List", api_version=api.API_VERSION)
+    server.collections.add(api.PLURAL)
+    server.start()
+    client = server.api_client()
+    stop = threading.Event()
+    try:
+        for name in ("one", "two"):
+            server.put(name, namespace="apps", spec={"authSecretRef": {"name": "tok"}})
+        hsecs = Informer(RestClient(client), kube.HIMITSU_SECRETS, name="himitsusecrets",
+                         indexers={cli.AUTH_INDEX: kube.token_refs})
+        tokens = TokenReads()
+        kube_client = kube.KubeClient(tokens, himitsu_secrets=hsecs.store,  # type: ignore[arg-type]
+                                      secrets=hsecs.store)
+        cli._forget_tokens_with_their_users(hsecs, kube_client)
+        runner = threading.Thread(target=hsecs.run, args=(stop,), daemon=True)
+        runner.start()
+        session = server.next_watch(TIMEOUT)
+        assert kube_client.read_secret_value("apps", "tok", "token").value == b"t0k3n"
+        session.send({"type": "DELETED", "object": server.remove("one", namespace="apps")})
+        wait_for(lambda: hsecs.store.get("apps/one") is None)
+        assert kube_client.cache_sizes()["tokens"] == 1  # "two" still names it
+        session.send({"type": "DELETED", "object": server.remove("two", namespace="apps")})
+        wait_for(lambda: kube_client.cache_sizes()["tokens"] == 0)
+    finally:
+        stop.set()
+        server.stop()
+        FakeApiServer.close_client(client)
+
+
+class TokenReads:
+    """The token Secret's GET, for KubeClient."""
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        assert (method, path) == ("GET", "/api/v1/namespaces/apps/secrets/tok")
+        return {"metadata": {"name": "tok", "namespace": "apps"},
+                "data": {"token": base64.b64encode(b"t0k3n").decode()}}
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        threading.Event().wait(0.01)

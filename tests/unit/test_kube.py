@@ -493,3 +493,65 @@ def test_an_unreachable_apiserver_names_the_object_not_the_namespace(
             h.client.patch_status("apps", "app", {"x": 1})
     assert str(info.value) == f"{named}: Kubernetes API unreachable"
     assert info.value.reason == "Unreachable"
+
+
+# --- memory follows live objects -----------------------------------------------------------
+
+
+def token_path(name: str) -> str:
+    return f"/api/v1/namespaces/apps/secrets/{name}"
+
+
+def hsec_naming(token_secret: str, key: str | None = None) -> dict[str, Any]:
+    ref = {"name": token_secret} if key is None else {"name": token_secret, "key": key}
+    return {"metadata": {"namespace": "apps", "name": f"uses-{token_secret}"},
+            "spec": {"authSecretRef": ref, "target": {"name": "t"}}}
+
+
+def read_tokens(h: Harness, count: int, prefix: str = "tok") -> None:
+    for i in range(count):
+        h.rest.answer("GET", token_path(f"{prefix}-{i}"), secret(f"{prefix}-{i}", token=TOKEN))
+        assert h.client.read_secret_value("apps", f"{prefix}-{i}", "token").value \
+            == TOKEN.encode()
+
+
+def test_reader_locks_live_only_while_a_read_is_under_way(h: Harness) -> None:
+    read_tokens(h, 1000)
+    assert h.client.cache_sizes() == {"tokens": 1000, "readers": 0}
+
+
+def test_token_values_unused_for_a_ttl_are_swept_out(h: Harness) -> None:
+    read_tokens(h, 1000)
+    h.clock.now += TOKEN_TTL
+    read_tokens(h, 1, prefix="still-used")  # any miss sweeps (at most once per TTL)
+    assert h.client.cache_sizes() == {"tokens": 1, "readers": 0}
+
+
+def test_a_token_no_himitsu_secret_names_any_more_is_dropped(h: Harness) -> None:
+    read_tokens(h, 2)
+    named = {"apps/tok-0/token"}
+    h.client.forget_token_of(hsec_naming("tok-0"), still_named=named.__contains__)
+    assert h.client.cache_sizes()["tokens"] == 2  # another HimitsuSecret still names it
+    h.client.forget_token_of(hsec_naming("tok-1"), still_named=named.__contains__)
+    assert h.client.cache_sizes()["tokens"] == 1
+    sent = len(h.rest.sent)
+    h.client.read_secret_value("apps", "tok-0", "token")
+    assert len(h.rest.sent) == sent  # the one still named is still served from the cache
+
+
+def test_a_deleted_token_secret_takes_its_cached_value_along(h: Harness) -> None:
+    read_tokens(h, 1)
+    h.clock.now += TOKEN_TTL
+    h.rest.answers.clear()
+    h.rest.answer("GET", token_path("tok-0"), error(404))
+    with pytest.raises(SecretNotFound):
+        h.client.read_secret_value("apps", "tok-0", "token")
+    assert h.client.cache_sizes() == {"tokens": 0, "readers": 0}
+
+
+def test_token_refs_name_the_namespace_secret_and_key_with_the_default_key() -> None:
+    assert kube.token_refs(hsec_naming("himitsu-token")) == ["apps/himitsu-token/token"]
+    assert kube.token_refs(hsec_naming("himitsu-token", "api")) == ["apps/himitsu-token/api"]
+    assert kube.token_refs({"metadata": {"namespace": "apps"}, "spec": {}}) == []
+    assert kube.token_refs({"metadata": {"namespace": "apps"},
+                            "spec": {"authSecretRef": "oops"}}) == []
