@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from kubernetes import client as k8s
 from structlog.testing import capture_logs
 
 from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.rest import Resource, RestClient
+from himitsu_controller.runtime.rest import Resource, RestClient, new_api_client
 from himitsu_controller.runtime.store import Store, object_key
 
 WIDGETS = Resource("example.io", "v1", "widgets")
@@ -308,6 +309,45 @@ def test_a_watch_refused_with_an_error_relists(
     session.close()  # the rewatch is refused
     server.next_watch()
     assert len(server.requests_of("GET", watch=False)) == 2
+
+
+class RefusedOnce(RestClient):
+    """Once told to, the next watch meets a port where nothing listens (apiserver down)."""
+
+    resume_refused = False
+    refused = False
+
+    def watch(self, path: str, **options: Any) -> Any:
+        if self.resume_refused and not self.refused:
+            self.refused = True
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
+            configuration.proxy = None
+            return RestClient(new_api_client(configuration, pool_maxsize=1)).watch(path)
+        return super().watch(path, **options)
+
+
+def test_a_refused_connection_backs_off_and_rewatches_without_relisting(
+        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+    rest = RefusedOnce(api_client)
+    informer = Informer(rest, WIDGETS, namespace="ns", rng=lambda: 0.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=informer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        session = synced_watch(server, Running(informer, Recorder(), stop, thread))
+        session.send({"type": "ADDED", "object": server.put("a")})
+        assert wait_until(lambda: informer.last_sync_resource_version == "101")
+        rest.resume_refused = True
+        session.close()
+        assert server.next_watch().query["resourceVersion"] == "101"
+        assert rest.refused
+        assert len(server.requests_of("GET", watch=False)) == 1
+    finally:
+        stop.set()
+        thread.join(TIMEOUT)
 
 
 def test_a_stream_of_garbage_relists(server: FakeApiServer,

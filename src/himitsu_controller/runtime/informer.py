@@ -350,9 +350,15 @@ def _after_refused_watch(exc: Exception) -> _After:
     down: the watch will resume where it was) and a 429 rewatch; the rest relists."""
     if isinstance(exc, ApiError):
         return _after_api_error(exc)
-    if isinstance(exc, TransportError) and "refused" in str(exc).lower():
+    if isinstance(exc, TransportError) and _connect_failed(str(exc)):
         return _After(relist=False, backoff=True, error=str(exc))
     return _After(relist=True, backoff=True, error=_describe(exc))
+
+
+def _connect_failed(message: str) -> bool:
+    # TransportError carries text only; urllib3 names a failed connect NewConnectionError
+    # (the message may be cut before its "Connection refused").
+    return "NewConnectionError" in message or "connection refused" in message.lower()
 
 
 def _describe(exc: Exception) -> str:
