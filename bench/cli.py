@@ -5,7 +5,8 @@ the scenarios after the cold sync reuse its last fleet (1,000 HimitsuSecrets) ra
 than build it again. Order: cold sync (largest size first, a fresh operator for each
 run) -> the fleet switches to the steady refreshInterval -> steady state -> the shared
 environment, with drift repair and change propagation measured inside its window (they
-touch other namespaces and environments) -> restart last, since it replaces the process.
+touch other namespaces and environments) -> restart, since it replaces the process ->
+churn (fleets of its own, created and deleted).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .measure import ReadyTracker
 from .procs import REPO, Profiler, py_spy_path
 from .rig import Fleet, Rig
 
-ALL = ("cold", "steady", "shared", "drift", "change", "restart")
+ALL = ("cold", "steady", "shared", "drift", "change", "restart", "churn")
 RESULTS = REPO / "bench" / "results"
 
 
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environments changed at once for change propagation")
     p.add_argument("--restart-baseline", type=float, default=30.0)
     p.add_argument("--restart-window", type=float, default=60.0)
+    p.add_argument("--churn-n", type=int, default=1000,
+                   help="HimitsuSecrets created and deleted per churn round")
+    p.add_argument("--churn-rounds", type=int, default=10)
     p.add_argument("--quick", action="store_true",
                    help="small smoke run (100 objects, short windows; a couple of minutes)")
     p.add_argument("--operator-arg", action="append", default=[], metavar="ARG",
@@ -105,6 +109,7 @@ def apply_quick(args: argparse.Namespace) -> None:
     args.shared_n, args.shared_duration = 50, 60.0
     args.drift_count, args.changes = 20, 2
     args.restart_baseline, args.restart_window = 15.0, 30.0
+    args.churn_n, args.churn_rounds = min(args.churn_n, 100), 3
 
 
 @dataclass
@@ -206,6 +211,9 @@ def run_all(run: Run) -> None:
                 f"{args.restart_window:.0f} s after the restart")
         run.add("restart", scenarios.restart(rig, run.fleet, baseline=args.restart_baseline,
                                              window_seconds=args.restart_window))
+    if run.wants("churn"):
+        rig.log(f"churn: {args.churn_rounds} rounds of {args.churn_n} created and deleted")
+        run.add("churn", scenarios.churn(rig, size=args.churn_n, rounds=args.churn_rounds))
 
 
 def _profiler(run: Run, name: str) -> Profiler | None:

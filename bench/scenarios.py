@@ -1,4 +1,5 @@
-"""The scenarios: cold sync, steady state, shared environment, drift, change, restart.
+"""The scenarios: cold sync, steady state, shared environment, drift, change, restart,
+churn.
 
 Each returns the table rows it contributes and a JSON-able dict of everything it saw.
 Targets come from issue 5; the figures are medians over repetitions (cold sync) or over
@@ -13,7 +14,7 @@ import time
 from typing import Any
 
 from . import figures
-from .kubeapi import b64, secret_path
+from .kubeapi import b64, hsec_path, secret_path
 from .measure import (
     ReadyTracker,
     SecretWatch,
@@ -326,3 +327,40 @@ def snapshot_at_start(began: float) -> Snapshot:
     """A zero snapshot at process start: a new operator's counters and CPU start at 0."""
     return Snapshot(wall=began, mono=time.monotonic() - (time.time() - began), cpu=0.0,
                     metrics={})
+
+
+def churn(rig: Rig, *, size: int, rounds: int) -> Result:
+    """``rounds`` times: a fresh fleet of ``size`` HimitsuSecrets (new namespaces, names,
+    token Secrets and targets) is created, Ready, deleted, and its namespaces removed;
+    RSS once the operator's queue is empty. Memory that follows live objects comes back
+    to the same level every round; state kept per name ever seen grows."""
+    rss: list[float] = []
+    for number in range(1, rounds + 1):
+        rss.append(_churn_round(rig, rig.prepare_fleet(f"churn{number}", size, refresh="1m",
+                                                       envs=rig.envs)))
+        rig.log(f"  churn round {number}/{rounds}: {size} created, Ready, deleted; "
+                f"rss {rss[-1]:.1f} MiB")
+    growth = (rss[-1] - rss[0]) / rss[0] * 100.0
+    label = f"churn {rounds} x {size}"
+    return [
+        Row(label, "RSS growth, last round vs first", growth, "%", 1, Target("<=", 10.0),
+            "after each round: " + ", ".join(f"{v:.0f}" for v in rss) + " MiB"),
+    ], {"size": size, "rounds": rounds, "rss_mib": rss}
+
+
+def _churn_round(rig: Rig, fleet: Fleet) -> float:
+    """Create the fleet, wait until Ready, delete it and its namespaces; RSS in MiB."""
+    size = len(fleet.members)
+    with ReadyTracker(rig, fleet) as tracker:
+        rig.create_hsecs(fleet)
+        if not tracker.wait(timeout=max(600.0, size * 0.5)):
+            raise TimeoutError(f"{fleet.tag}: {len(tracker.ready_at)}/{size} Ready")
+    rig.parallel(lambda m: rig.kube.delete(hsec_path(m.namespace, m.name)), fleet.members)
+    if not wait_for(lambda: not rig.kube.get(hsec_path(), labelSelector=fleet.selector,
+                                             limit=1)["items"], timeout=300.0):
+        raise TimeoutError(f"{fleet.tag}: HimitsuSecrets not deleted")
+    rig.delete_fleet(fleet)  # token Secrets, Merge targets, namespaces
+    if not wait_for(lambda: figures.metric_sum(rig.op.metrics(), "workqueue_depth") == 0,
+                    timeout=120.0):
+        raise TimeoutError(f"{fleet.tag}: the operator's queue did not drain")
+    return float(rig.op.memory_mib()["rss"])
