@@ -48,6 +48,10 @@ FORMATS = ("KeyValue", "Dotenv", "Json")
 POLICIES = ("Owner", "Merge")
 DEFAULT_REFRESH_SECONDS = 60.0
 MAX_REFRESH_SECONDS = 366 * 24 * 3600.0
+# The shortest poll cadence (0 aside: sync once). Below it a poll loop would run on the
+# requeue floor, a Himitsu request and a status patch every ~0.1 s, a token's whole
+# budget spent on one object; the CRD says the same in a CEL rule.
+MIN_REFRESH_SECONDS = 1.0
 
 _HEX = "[0-9a-fA-F]"
 _UUID_RE = re.compile(rf"^{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}$")
@@ -98,6 +102,19 @@ def parse_duration(text: str) -> float:
     if total > MAX_REFRESH_SECONDS:
         raise InvalidSpec(f"refreshInterval {_show(raw)} is longer than a year")
     return total
+
+
+def parse_refresh_interval(spec: Mapping[str, Any]) -> float:
+    """``spec.refreshInterval`` in seconds: 0 (sync once), or from 1s to a year."""
+    raw = spec.get("refreshInterval", "1m")
+    if not isinstance(raw, str):
+        raise InvalidSpec("refreshInterval must be a string such as 1m")
+    seconds = parse_duration(raw)
+    if 0 < seconds < MIN_REFRESH_SECONDS:
+        raise InvalidSpec(
+            f"refreshInterval {_show(raw.strip())} is shorter than 1s, the shortest poll "
+            "cadence; use 1s or more, or 0 to sync once")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -206,10 +223,7 @@ def parse_spec(obj: Mapping[str, Any]) -> Spec:
     auth_key = _optional_str(auth, "key", "authSecretRef.key") or "token"
     if not _is_data_key(auth_key):
         raise InvalidSpec(f"authSecretRef.key {_show(auth_key)} is not a valid Secret data key")
-    interval_raw = spec.get("refreshInterval", "1m")
-    if not isinstance(interval_raw, str):
-        raise InvalidSpec("refreshInterval must be a string such as 1m")
-    refresh = parse_duration(interval_raw)
+    refresh = parse_refresh_interval(spec)
     target = _parse_target(_mapping(spec.get("target"), "spec.target"))
     if target.name == auth_name:
         raise InvalidSpec(

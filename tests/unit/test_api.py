@@ -137,6 +137,20 @@ def test_explicit_fields_are_kept() -> None:
     assert dict(spec.target.template.annotations) == {"note": "x"}
 
 
+@pytest.mark.parametrize("text", ["1ms", "100ms", "500ms", "0.999s", "999999us", "1ns"])
+def test_a_refresh_interval_between_0_and_1s_is_invalid_spec(text: str) -> None:
+    """Below 1s a poll loop runs on the requeue floor (~0.1 s): a Himitsu request and a
+    status patch each time, one object spending its token's whole budget."""
+    with pytest.raises(api.InvalidSpec, match=r"is shorter than 1s.*or 0 to sync once"):
+        api.parse_spec(make_obj(refreshInterval=text))
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("0", 0.0), ("0s", 0.0), ("0ms", 0.0), ("1s", 1.0), ("1000ms", 1.0), ("1.5s", 1.5)])
+def test_zero_and_a_second_or_more_are_refresh_intervals(text: str, seconds: float) -> None:
+    assert api.parse_spec(make_obj(refreshInterval=text)).refresh_interval == seconds
+
+
 def test_uuids_are_normalised_to_lowercase() -> None:
     upper = PROJECT.replace("1", "A")
     spec = api.parse_spec(make_obj(projectId=upper))
@@ -194,6 +208,9 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("interval not a string", make_obj(refreshInterval=60), "refreshInterval must be a string"),
     ("interval garbage", make_obj(refreshInterval="soon"), "not a Go duration"),
     ("interval negative", make_obj(refreshInterval="-5s"), "negative"),
+    ("interval under 1s", make_obj(refreshInterval="500ms"),
+     "refreshInterval '500ms' is shorter than 1s, the shortest poll cadence; use 1s or more, "
+     "or 0 to sync once"),
     ("no target", _spec_without("target"), "spec.target is missing"),
     ("no target name", make_obj(target={"type": "Opaque"}), "target.name is required"),
     ("bad target name", make_obj(target={"name": "App_Secrets"}), "target.name 'App_Secrets'"),

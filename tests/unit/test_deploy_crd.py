@@ -55,7 +55,19 @@ CEL_TWINS: dict[str, Callable[[Any], bool]] = {
     "!has(self.key) || (has(self.format) && self.format != 'KeyValue')": (
         lambda s: "key" not in s or ("format" in s and s["format"] != "KeyValue")
     ),
+    "duration(self) == duration('0s') || duration(self) >= duration('1s')": (
+        lambda s: _go_seconds(s) == 0 or _go_seconds(s) >= 1
+    ),
 }
+
+
+def _go_seconds(text: str) -> float:
+    """Go's time.ParseDuration for what the pattern admits (CEL's duration()); too long an
+    interval is api.py's refusal, not this rule's."""
+    try:
+        return api.parse_duration(text)
+    except api.InvalidSpec:
+        return float("inf")
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
@@ -341,9 +353,10 @@ MICRO, MU = "\u00b5", "\u03bc"
          ["11111111-1111-1111-1111-111111111111", "ABCDEF01-2345-6789-abcd-ef0123456789"],
          ["1111", "11111111111111111111111111111111", "11111111-1111-1111-1111-11111111111g"]),
         (("refreshInterval",),
-         ["0", "0s", "1m", "1h30m", "1.5h", "500ms", "90s", "1ns", "2us", f"3{MICRO}s",
-          f"4{MU}s"],
-         ["", "1", "-1m", "+1m", "1d", "m", "1 m", "1m ", ".5s", "1.s", "P1M"]),
+         ["0", "0s", "0ms", "1s", "1m", "1h30m", "1.5h", "1500ms", "90s", "500ms500ms",
+          "1000000000ns", "1000000us", f"1000000{MICRO}s", f"1000000{MU}s"],
+         ["", "1", "-1m", "+1m", "1d", "m", "1 m", "1m ", ".5s", "1.s", "P1M",
+          "500ms", "0.5s", "999ms", "1ns", "2us", f"3{MICRO}s", f"4{MU}s"]),
         (("target", "name"),
          ["app-secrets", "a", "a.b-c.d"],
          ["App", "-a", "a-", "a_b", "a..b", "a" * 254]),
@@ -366,13 +379,22 @@ def test_field_patterns(field: tuple[str, ...], good: list[str], bad: list[str])
 @settings(max_examples=50, deadline=None)
 @given(st.from_regex(node("spec", "refreshInterval")["pattern"], fullmatch=True))
 def test_every_duration_the_crd_admits_the_operator_parses(text: str) -> None:
+    admitted = validate(text, node("spec", "refreshInterval")) == []
     try:
-        seconds = api.parse_duration(text)
+        seconds = api.parse_refresh_interval({"refreshInterval": text})
     except api.InvalidSpec as exc:
-        # Too long an interval is the one refusal a pattern cannot express.
-        assert "longer than a year" in str(exc)
-    else:
-        assert seconds >= 0
+        # Too long an interval is the one refusal the schema does not express.
+        assert "longer than a year" in str(exc) or not admitted, (text, exc)
+    else:  # and what the CEL rule refuses, the operator refuses too
+        assert seconds == 0 or seconds >= api.MIN_REFRESH_SECONDS, text
+
+
+def test_a_sub_second_refresh_interval_is_refused_at_admission() -> None:
+    for text in ("500ms", "0.5s", "999ms", "1ns"):
+        errors = admit({**CONTRACT_EXAMPLE, "spec": {**CONTRACT_EXAMPLE["spec"],
+                                                     "refreshInterval": text}})
+        assert errors == [".spec.refreshInterval: refreshInterval must be 0 (sync once) or "
+                          "at least 1s"], text
 
 
 # ---- samples ---------------------------------------------------------------------------
