@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import socket
 import threading
 import time
@@ -47,6 +48,7 @@ _SHOWN_MESSAGE = 300
 
 class Store(Protocol):
     def get(self, key: str) -> dict[str, Any] | None: ...
+    def list(self) -> builtins.list[dict[str, Any]]: ...
 
 
 def token_refs(obj: Mapping[str, Any]) -> list[str]:
@@ -102,6 +104,9 @@ class KubeClient:
 
     def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._hsecs.get(f"{namespace}/{name}")
+
+    def list_himitsu_secrets(self) -> list[dict[str, Any]]:
+        return self._hsecs.list()
 
     def get_secret(
         self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,

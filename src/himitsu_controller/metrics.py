@@ -7,9 +7,9 @@ names, as kube-state-metrics exports them). Never a token, a key name or a value
 Lag has no labels at all. A source (API URL, project, environment, token hash) is the
 natural unit, but its ids are unbounded and the token hash is not for a dashboard; so
 the lateness of every timed poll goes into one histogram, and the largest lag and the
-number of lagging targets are two gauges computed at scrape time from the reconciler's
-memory (a target nobody polls any more shows there too, growing). Which object lags is
-in its Ready message.
+number of lagging targets are two gauges computed at scrape time over every HimitsuSecret
+in the cache (``sync.lag``: a target nobody polls any more shows there too, growing, after
+a restart or a failover included). Which object lags is in its Ready message.
 """
 
 from __future__ import annotations

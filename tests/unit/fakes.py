@@ -150,6 +150,10 @@ class FakeKube:
             self.himitsu_secrets.get(key)
         return copy.deepcopy(obj)
 
+    def list_himitsu_secrets(self) -> list[dict[str, Any]]:
+        """Read at scrape time (the lag gauges), not by a reconcile: not counted."""
+        return [copy.deepcopy(obj) for obj in self.himitsu_secrets.values()]
+
     def get_secret(
         self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
     ) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ turn into the reconciler's types with messages that are safe to show.
 from __future__ import annotations
 
 import base64
+import builtins
 import itertools
 import json
 import threading
@@ -66,6 +67,9 @@ class DictStore:
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.objects.get(key)
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        return builtins.list(self.objects.values())
 
 
 class Clock:

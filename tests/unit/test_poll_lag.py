@@ -12,7 +12,7 @@ it once.
 from __future__ import annotations
 
 import pytest
-from reconcile_world import NAME, NS, World
+from reconcile_world import NAME, NS, World, add_other, fetched
 
 from himitsu_controller import himitsu
 from himitsu_controller.runtime.metrics import REGISTRY
@@ -132,3 +132,79 @@ def test_a_failing_target_held_back_by_pacing_keeps_its_failure_message(world: W
     ready = world.ready()
     assert (ready["status"], ready["reason"]) == ("False", "FetchFailure")
     assert ready["message"] == "the Himitsu API answered 503"
+
+
+# -- after a restart or a failover: memory is empty, the target's data is not new --------
+
+
+def test_after_a_restart_a_poll_held_back_shows_the_targets_lag(world: World) -> None:
+    world.clock.advance(600)  # the operator was down for ten minutes (refreshInterval 1m)
+    world.restart()  # memory lost; status.lastSyncTime still says t=0
+    assert world.reconcile(LocallyRateLimited("paced", retry_after=5.0)).error is None
+    assert world.reconciler.lag() == (540.0, 1)
+    assert (sample("himitsu_poll_lag_seconds"), sample("himitsu_polls_overdue")) == (540.0, 1.0)
+    assert "polls are overdue" in message(world)
+    for _ in range(3):  # ... and Himitsu keeps failing: the lag keeps growing
+        world.clock.advance(60)
+        world.reconcile(himitsu.ServerError("503", status=503))
+    assert world.reconciler.lag() == (720.0, 1)
+
+
+def test_after_a_restart_the_first_poll_records_how_late_it_ran(world: World) -> None:
+    count, total = (sample("himitsu_poll_lateness_seconds_count"),
+                    sample("himitsu_poll_lateness_seconds_sum"))
+    world.clock.advance(600)
+    world.restart()
+    world.reconcile(LocallyRateLimited("paced", retry_after=5.0))
+    world.clock.advance(5)
+    world.reconcile(himitsu.NotModified(5))  # due at 60, ran at 605
+    assert sample("himitsu_poll_lateness_seconds_count") == count + 1
+    assert sample("himitsu_poll_lateness_seconds_sum") == pytest.approx(total + 545.0)
+    assert message(world) == ("Secret 'app-secrets' holds 2 keys at config version 5; this "
+                              "poll ran 9m5s later than refreshInterval 1m allows")
+
+
+def test_after_a_cold_start_targets_not_reconciled_yet_show_their_lag(world: World) -> None:
+    # A new process (a restart, the standby taking over, a backlog in its queue) that has
+    # not reconciled the object: its lag comes from status.lastSyncTime in the cache.
+    world.clock.advance(60 + 90)
+    world.restart()
+    assert world.reconciler.lag() == (90.0, 1)
+    assert (sample("himitsu_poll_lag_seconds"), sample("himitsu_polls_overdue")) == (90.0, 1.0)
+
+
+def test_a_target_never_synced_or_synced_once_does_not_lag(world: World) -> None:
+    world.edit_spec(refreshInterval="0")
+    world.sync(5)
+    add_other(world)  # a new HimitsuSecret, not reconciled yet: no answer, no promise
+    world.clock.advance(3600)
+    world.restart()
+    assert world.reconciler.lag() == (0.0, 0)
+
+
+# -- lateness belongs to timed polls, measured with the interval they were due under -----
+
+
+def test_a_shortened_refresh_interval_is_not_reported_as_a_late_poll() -> None:
+    world = World(refreshInterval="1h")
+    world.sync(5)
+    world.clock.advance(3000)  # 50 min on, the user lowers refreshInterval to 1m
+    world.edit_spec(refreshInterval="1m")
+    count = sample("himitsu_poll_lateness_seconds_count")
+    world.reconcile(fetched(5))  # reconciled at once: the spec changed
+    assert message(world) == "Secret 'app-secrets' holds 2 keys at config version 5"
+    assert sample("himitsu_poll_lateness_seconds_count") == count  # not a timed poll
+    assert world.reconciler.lag() == (0.0, 0)
+    world.clock.advance(60 + 90)  # from now on the promise is the new interval's
+    world.reconcile(himitsu.NotModified(5))
+    assert "this poll ran 1m30s later than refreshInterval 1m allows" in message(world)
+
+
+def test_a_spec_edit_held_back_by_pacing_is_not_overdue_under_the_new_interval() -> None:
+    world = World(refreshInterval="1h")
+    world.sync(5)
+    world.clock.advance(3000)
+    world.edit_spec(refreshInterval="1m")
+    world.reconcile(LocallyRateLimited("paced", retry_after=5.0))
+    assert message(world) == "Secret 'app-secrets' holds 2 keys at config version 5"
+

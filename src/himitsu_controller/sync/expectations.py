@@ -30,7 +30,7 @@ class Memory:
     read_live: bool = False  # a create found the target's name taken: read it directly
     cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
     answered: float | None = None  # when Himitsu gave the answer the target holds (epoch s)
-    interval: float = 0.0  # the refreshInterval last seen (for the lag gauge)
+    interval: float = 0.0  # the refreshInterval `answered` and `due` were scheduled with
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""

@@ -48,6 +48,8 @@ class SecretValue:
 
 class Kube(Protocol):
     def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list_himitsu_secrets(self) -> list[dict[str, Any]]:
+        """Every HimitsuSecret in the informer's cache (its own objects: read only)."""
     def get_secret(
         self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
     ) -> dict[str, Any] | None: ...

@@ -23,7 +23,7 @@ import structlog
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import allowlist, polls, render, schedule, targets, writes
+from himitsu_controller.sync import allowlist, lag, polls, render, schedule, targets, writes
 from himitsu_controller.sync.expectations import Memory, resource_version
 from himitsu_controller.sync.ports import Fetcher, Kube, KubeError
 from himitsu_controller.sync.status import StatusWriter
@@ -114,7 +114,8 @@ class HimitsuSecretReconciler:
 
     def _sync(self, ctx: _Context, spec: api.Spec, api_url: str) -> Result:
         mem = self._remember(ctx)
-        mem.interval = spec.refresh_interval  # for the lag gauge
+        lag.first_sight(mem, last_sync_time=ctx.status.last_sync_time,
+                        interval=spec.refresh_interval, in_step=_in_step(ctx))
         deferred = self._defer_after_restart(ctx, spec, mem)
         if deferred is not None:
             return deferred
@@ -139,7 +140,9 @@ class HimitsuSecretReconciler:
                              window=self._window(spec, mem, intact=intact), api_url=api_url)
         polled = self._now().timestamp()
         answered = polled - result.age
-        if schedule.is_due(polled, mem.due):
+        # Lateness is a timed poll's only, against the interval it was due under.
+        timed = schedule.is_due(polled, mem.due)
+        if timed:
             metrics.observe_lateness(polled - (mem.due or polled))
         if isinstance(result, himitsu.NotModified):
             data_changed = False
@@ -157,12 +160,12 @@ class HimitsuSecretReconciler:
                 generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
                 data_changed=data_changed, target=spec.target.name,
                 answered_at=datetime.fromtimestamp(answered, UTC),
-                late=schedule.lag(polled, mem.answered, spec.refresh_interval),
-                interval=spec.refresh_interval,
+                late=schedule.lag(polled, mem.answered, mem.interval) if timed else 0.0,
+                interval=mem.interval,
             )
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
-        mem.failures, mem.answered = 0, answered
+        mem.failures, mem.answered, mem.interval = 0, answered, spec.refresh_interval
         mem.due = schedule.next_due(
             spec.refresh_interval, answered=answered,
             fraction=self._rng() if result.jitter is None else result.jitter)
@@ -208,6 +211,7 @@ class HimitsuSecretReconciler:
         mem.expect(resource_version(target))
         mem.due = now + remaining
         mem.answered = mem.due - spec.refresh_interval  # lastSyncTime: what the target holds
+        mem.interval = spec.refresh_interval
         return self._until_due(mem)
 
     def _woken_idle(self, ctx: _Context, spec: api.Spec, mem: Memory) -> Result | None:
@@ -365,9 +369,9 @@ class HimitsuSecretReconciler:
     def _note_overdue(self, ctx: _Context, spec: api.Spec) -> None:
         """A poll held back by request pacing with the target over a refreshInterval past
         its promise: Ready's message says so (one patch: the note does not change while
-        the poll waits)."""
+        the poll waits). The promise is mem.interval's, not a refreshInterval edited since."""
         mem = self._remember(ctx)
-        now, interval = self._now().timestamp(), spec.refresh_interval
+        now, interval = self._now().timestamp(), mem.interval
         if schedule.lag(now, mem.answered, interval) <= interval:
             return
         try:
@@ -377,12 +381,11 @@ class HimitsuSecretReconciler:
             log.warning("status update failed", key=ctx.key, error=str(exc))
 
     def lag(self) -> tuple[float, int]:
-        """The largest lag behind the promise (``schedule.lag``) and how many targets lag:
-        the ``himitsu_poll_lag_seconds`` and ``himitsu_polls_overdue`` gauges."""
-        now = self._now().timestamp()
+        """The largest lag behind the promise and how many targets lag, over every
+        HimitsuSecret in the cache (``sync.lag``: why not only those in memory)."""
         with self._lock:
-            lags = [schedule.lag(now, m.answered, m.interval) for m in self._memory.values()]
-        return max(lags, default=0.0), sum(1 for lag in lags if lag > 0)
+            memory = dict(self._memory)
+        return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)
 
     def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
