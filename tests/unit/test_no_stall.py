@@ -103,6 +103,19 @@ def test_a_last_sync_time_ahead_of_the_clock_waits_at_most_an_interval() -> None
     assert_wake_scheduled(world.reconcile(), within=INTERVAL)
 
 
+def test_a_wall_clock_stepped_back_never_parks_a_poll_longer_than_the_interval() -> None:
+    # Due times are on the wall clock, the work queue's waits on the monotonic one: NTP
+    # stepping the node's clock back an hour must not add an hour to the wait.
+    world = World()
+    world.sync(5)  # next poll due at t=60 by the wall clock
+    world.clock.advance(-3600)
+    result = world.reconcile()  # any wake: the target's echo, the periodic resync
+    assert_wake_scheduled(result, within=INTERVAL)
+    world.clock.advance(result.requeue_after or 0.0)
+    assert world.reconcile(himitsu.NotModified(5)).error is None  # that wake is the poll
+    assert world.fetcher.known_versions == [None, 5]
+
+
 # -- the invariant, for any sequence of answer ages, lateness, failures and restarts ----
 
 
@@ -132,7 +145,8 @@ class AnyAnswer:
 
 
 STEP = st.tuples(
-    st.sampled_from(["due", "early", "fail", "429", "paced", "restart", "delete-target"]),
+    st.sampled_from(["due", "early", "fail", "429", "paced", "restart", "delete-target",
+                     "clock-back"]),
     st.floats(0.0, 3.0),  # lateness (or, for "early", the fraction of the wait slept)
     st.floats(0.0, 1.0),  # the answer's age, as a fraction of the max_age allowed
     st.one_of(st.none(), st.floats(0.0, 0.999)),  # the answer's jitter draw
@@ -169,6 +183,8 @@ def test_every_reconcile_schedules_a_wake_within_the_interval_or_the_backoff_cap
             world.restart()
         elif kind == "delete-target":
             world.kube.secrets.pop((NS, TARGET), None)
+        elif kind == "clock-back":  # NTP steps the wall clock back, up to 30 intervals
+            world.clock.advance(-10 * late * interval - wait)
         result = world.reconciler.reconcile(f"{NS}/app-config")
         wait = check(result, interval, retry_after=retry_after)
 

@@ -360,11 +360,14 @@ class HimitsuSecretReconciler:
         return Result(requeue_after=delay, error=failure.reason)
 
     def _until_due(self, mem: Memory) -> Result:
-        """Sleep until the next poll. Only refreshInterval 0 (no poll due) forgets the key;
-        a due time already past is "poll now" (``schedule.requeue_delay``)."""
+        """Sleep until the next poll, never longer than refreshInterval (a wall clock
+        stepped back: ``schedule.within_interval``). Only refreshInterval 0 (no poll due)
+        forgets the key; a due time already past is "poll now" (``schedule.requeue_delay``)."""
         if mem.due is None:
             return Result()
-        return Result(requeue_after=schedule.requeue_delay(self._now().timestamp(), mem.due))
+        now = self._now().timestamp()
+        mem.due = schedule.within_interval(now, mem.due, mem.interval)
+        return Result(requeue_after=schedule.requeue_delay(now, mem.due))
 
     def _note_overdue(self, ctx: _Context, spec: api.Spec) -> None:
         """A poll held back by request pacing with the target over a refreshInterval past

@@ -87,6 +87,18 @@ def requeue_delay(now: float, due: float) -> float:
     return max(MIN_REQUEUE, due - now)
 
 
+def within_interval(now: float, due: float, interval: float) -> float:
+    """``due``, pulled back to ``now`` + refreshInterval if it is further ahead.
+
+    Due times are on the wall clock (they count from Himitsu's answers and lastSyncTime),
+    the work queue's waits on the monotonic one. No poll is ever scheduled further ahead
+    than an interval (``next_due`` counts from an answer already given), so a due time
+    beyond that means the clock was stepped back (NTP): without this bound, the poll would
+    wait out the step too, an hour's step parking it for an hour past refreshInterval.
+    """
+    return min(due, now + interval) if interval > 0 else due
+
+
 def lag(now: float, answered: float | None, interval: float) -> float:
     """How far a target is behind its promise: seconds past ``answered`` +
     refreshInterval (the latest moment its data may date from), 0 while within it.
