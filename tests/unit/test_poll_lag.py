@@ -208,3 +208,23 @@ def test_a_spec_edit_held_back_by_pacing_is_not_overdue_under_the_new_interval()
     world.reconcile(LocallyRateLimited("paced", retry_after=5.0))
     assert message(world) == "Secret 'app-secrets' holds 2 keys at config version 5"
 
+
+# -- a chronic shortfall: every poll late, still one status patch per poll ---------------
+
+
+def test_under_a_chronic_pacing_shortfall_each_poll_costs_one_status_patch(world: World) -> None:
+    def held_back_poll() -> None:  # held back ~2 intervals past its answer, then runs
+        world.clock.advance(121)
+        world.reconcile(LocallyRateLimited("paced", retry_after=5.0))
+        world.clock.advance(5)
+        world.reconcile(himitsu.NotModified(5))
+
+    held_back_poll()  # the first: "polls are overdue" once, then "this poll ran ... later"
+    before = len(world.kube.status_patches)
+    for _ in range(5):
+        held_back_poll()
+        assert message(world) == ("Secret 'app-secrets' holds 2 keys at config version 5; "
+                                  "this poll ran 1m6s later than refreshInterval 1m allows")
+    assert len(world.kube.status_patches) - before == 5
+    # ... and the message never went back to "polls are overdue" in between.
+    assert not any("overdue" in str(patch) for patch in world.kube.status_patches[before:])

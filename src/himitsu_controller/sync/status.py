@@ -25,6 +25,7 @@ from himitsu_controller.sync.ports import Kube
 log = structlog.get_logger(__name__)
 
 MAX_MESSAGE = 1024  # bytes
+LATE_NOTE = "; this poll ran "  # Ready's message says the last poll ran late
 
 
 class StatusWriter:
@@ -59,7 +60,7 @@ class StatusWriter:
         status["lastForceSync"] = force_sync
         message = _holds(target, secret_count, version)
         if interval > 0 and late > interval:
-            message += (f"; this poll ran {api.format_duration(late)} later than "
+            message += (f"{LATE_NOTE}{api.format_duration(late)} later than "
                         f"refreshInterval {api.format_duration(interval)} allows")
         was_ready = _ready_status(previous) == "True"
         status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
@@ -76,10 +77,14 @@ class StatusWriter:
     ) -> None:
         """The next poll is held back while the target is over an interval past its
         promise: Ready (still True: the target holds its last good data) says so. The
-        message depends only on the status, so a poll waiting longer writes nothing more."""
+        message depends only on the status, so a poll waiting longer writes nothing more;
+        one saying the last poll ran late is left as it is (under a chronic shortfall every
+        poll is late: two notes would take turns, two patches a poll instead of one)."""
         previous = self._current(key, obj)
         if _ready_status(previous) != "True":
             return  # a failure already says why nothing is polled
+        if LATE_NOTE in str(_ready_field(previous, "message") or ""):
+            return
         holds = _holds(target, int(previous.get("secretCount") or 0),
                        int(previous.get("configVersion") or 0))
         message = (f"{holds}; polls are overdue: the last answer, from "
