@@ -49,6 +49,9 @@ EVENT_QPS, EVENT_BURST = 20.0, 50
 # What deploy/manager/manager.yaml ships in HIMITSU_API_URLS: left as is, the operator
 # refuses to start (`make deploy HIMITSU_API_URLS=...` replaces it).
 API_URLS_PLACEHOLDER = "REPLACE-WITH-YOUR-HIMITSU-API-URLS"
+# A resync queues every HimitsuSecret at once: a safety net, never the poll schedule
+# (refreshInterval is), so more often than this is refused rather than obeyed.
+MIN_SYNC_PERIOD = 60.0
 
 
 def _duration(text: str) -> float:
@@ -61,6 +64,16 @@ def _duration(text: str) -> float:
         return api.parse_duration(text)
     except api.InvalidSpec as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("refreshInterval", "duration")) from None
+
+
+def _sync_period(text: str) -> float:
+    value = _duration(text)
+    if 0 < value < MIN_SYNC_PERIOD:
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} is shorter than 1m: the resync queues every HimitsuSecret, a "
+            "safety net and not the poll schedule (refreshInterval is); use 1m or more, "
+            "or 0 to turn it off")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -96,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="watch only this namespace (a namespaced Role then suffices); "
                         "default: all namespaces")
     p.add_argument("--workers", type=_positive_int, default=8, help="concurrent reconciles")
-    p.add_argument("--sync-period", type=_duration, default="10h", metavar="DURATION",
+    p.add_argument("--sync-period", type=_sync_period, default="10h", metavar="DURATION",
                    help="every HimitsuSecret is reconciled again at least this often, as a "
                         "safety net (controller-runtime's SyncPeriod); an object whose poll "
-                        "is not due costs nothing; 0 disables")
+                        "is not due costs nothing; at least 1m, 0 disables")
     le = p.add_argument_group("leader election")
     le.add_argument("--leader-elect", action="store_true",
                     help="elect a leader through a Lease; required with more than one replica")

@@ -58,6 +58,17 @@ def test_the_period_defaults_to_ten_hours_and_the_flag_takes_go_durations() -> N
         Resync(list, lambda key, delay: None, period=0.0)
 
 
+@pytest.mark.parametrize("period", ["1ms", "100ms", "1s", "59s"])
+def test_a_sync_period_under_a_minute_is_a_flag_error(
+    period: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A resync queues every HimitsuSecret: at 1ms it would be a hot loop over the cache."""
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--sync-period", period])
+    assert (f"argument --sync-period: {period!r} is shorter than 1m" in capsys.readouterr().err)
+    assert cli.build_parser().parse_args(["--sync-period", "1m"]).sync_period == 60.0
+
+
 def test_a_key_the_queue_no_longer_holds_comes_back_at_the_next_resync() -> None:
     now = [1000.0]
     queue = RateLimitingQueue(f"resync-{next(_names)}", clock=lambda: now[0])
