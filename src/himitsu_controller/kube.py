@@ -212,13 +212,16 @@ class KubeClient:
         self._sweep()
 
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create ``body``; Conflict only when the apiserver itself says the name is taken
+        (a race), any other refusal (a webhook's 409 too) is a KubeError."""
         name = body["metadata"]["name"]
         clean = _without_server_fields(body)
         try:
             return self._request("POST", SECRETS.path(namespace), body=clean)
         except ApiError as exc:
-            if exc.status == 409:
-                raise Conflict(f"Secret {name!r} already exists", status=409) from None
+            if _name_taken(exc, name):
+                raise Conflict(f"Secret {name!r} already exists", status=409,
+                               reason="AlreadyExists") from None
             raise _kube_error(exc, f"creating Secret {name!r}") from None
 
     def dry_run_create_secret(self, namespace: str, body: dict[str, Any]) -> None:
@@ -228,14 +231,17 @@ class KubeClient:
         Under the Secret's real name, so admission sees what the real create will send.
         While the old Secret of that name exists the answer is 409 AlreadyExists, which
         the apiserver only gives after mutating admission, validation and validating
-        admission have all accepted the object: the replacement would be created.
+        admission have all accepted the object: the replacement would be created. Only
+        the apiserver's own AlreadyExists counts (details naming this Secret, its own
+        message): a webhook may deny with code 409 and reason AlreadyExists too, and
+        that is a refusal like any other.
         """
         name = body["metadata"]["name"]
         try:
             self._request("POST", SECRETS.path(namespace), query={"dryRun": "All"},
                           body=_without_server_fields(body))
         except ApiError as exc:
-            if exc.status == 409 and exc.reason == "AlreadyExists":
+            if _name_taken(exc, name):
                 return
             raise _kube_error(exc, f"checking a new Secret {name!r} (dry run)") from None
 
@@ -290,11 +296,21 @@ class KubeClient:
             raise _kube_error(exc, "recording an Event") from None
 
 
+def _name_taken(exc: ApiError, name: str) -> bool:
+    """The apiserver's own 409 for a create whose name is taken. A webhook's denial may
+    carry the same code, reason and even details, but never this message: the apiserver
+    prefixes a webhook's text with ``admission webhook "..." denied the request``."""
+    return (exc.status == 409 and exc.reason == "AlreadyExists"
+            and exc.details.get("kind") == "secrets" and exc.details.get("name") == name
+            and exc.message == f'secrets "{name}" already exists')
+
+
 def _kube_error(exc: ApiError, doing: str) -> KubeError:
-    """A safe, actionable message: status and reason, plus the apiserver's own text for
-    denials and validation errors (they name fields and keys, never Secret values)."""
+    """A safe, actionable message: status and reason, plus the (redacted) text for
+    denials, conflicts and validation errors: field paths and keys, who denied, never a
+    Secret value (``runtime.apierrors.redact_values``)."""
     text = f"{doing} failed: {exc.status} {exc.reason or 'error'}".rstrip()
-    if exc.status in (403, 422) and exc.message:
+    if exc.status in (403, 409, 422) and exc.message:
         text += f": {str(exc.message)[:_SHOWN_MESSAGE]}"
     return KubeError(text, status=exc.status, reason=exc.reason or "")
 

@@ -267,8 +267,25 @@ def test_create_strips_server_fields(h: Harness) -> None:
     assert sent.body["data"] == secret(A="1")["data"]
 
 
+def already_exists(name: str = "app-secrets") -> ApiError:
+    """The apiserver's own answer to a create whose name is taken (kube-apiserver 1.36)."""
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
+            "reason": "AlreadyExists", "message": f'secrets "{name}" already exists',
+            "details": {"name": name, "kind": "secrets"}}
+    return ApiError.from_response(409, json.dumps(body).encode())
+
+
+def webhook_409(**details: str) -> ApiError:
+    """A webhook's denial with code 409 and reason AlreadyExists (a uniqueness rule)."""
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
+            "reason": "AlreadyExists", "details": details,
+            "message": 'admission webhook "unique-tls.example.com" denied the request: '
+                       'a TLS Secret for host "shop.example.com" already exists'}
+    return ApiError.from_response(409, json.dumps(body).encode())
+
+
 def test_create_conflict(h: Harness) -> None:
-    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", error(409))
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", already_exists())
     with pytest.raises(Conflict):
         h.client.create_secret("apps", secret())
 
@@ -285,20 +302,31 @@ def test_dry_run_already_exists_means_admission_and_validation_passed(h: Harness
     # The apiserver validates (422) and admits before it looks for the name (409): on
     # kube-apiserver 1.36 a dry-run create of an existing name answers 422 for bad data
     # and AlreadyExists for good data.
-    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets",
-                  ApiError(409, "AlreadyExists", 'secrets "app-secrets" already exists'))
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", already_exists())
     h.client.dry_run_create_secret("apps", secret())
 
 
-@pytest.mark.parametrize(("status", "reason"), [
-    (422, "Invalid"), (403, "Forbidden"), (400, "BadRequest"), (409, "Conflict")])
-def test_a_refused_dry_run_is_a_kube_error(h: Harness, status: int, reason: str) -> None:
-    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", ApiError(status, reason, "no"))
+@pytest.mark.parametrize("answer", [
+    webhook_409(), webhook_409(kind="secrets", name="app-secrets"),
+    already_exists("other-secret"),
+    ApiError(409, "AlreadyExists", 'secrets "app-secrets" already exists'),  # no details
+])
+def test_only_the_apiservers_own_already_exists_is_would_be_created(
+    h: Harness, answer: ApiError,
+) -> None:
+    # A webhook denying with 409 AlreadyExists was read as "would succeed": the operator
+    # deleted the Secret and the real create was denied (review of issue 11 item 1).
+    h.rest.answer("POST", "/api/v1/namespaces/apps/secrets", answer)
     with pytest.raises(KubeError) as info:
         h.client.dry_run_create_secret("apps", secret())
     assert not isinstance(info.value, Conflict)
-    assert (info.value.status, info.value.reason) == (status, reason)
-    assert "dry run" in str(info.value)
+    assert info.value.status == 409
+    with pytest.raises(KubeError) as info:
+        h.client.create_secret("apps", secret())
+    assert not isinstance(info.value, Conflict), "a webhook's 409 is no race to retry"
+    if "unique-tls" in answer.message:
+        assert "unique-tls.example.com" in str(info.value)
+        assert "shop.example.com" not in str(info.value)  # the webhook's text is withheld
 
 
 def test_update_is_conditional_on_the_resource_version(h: Harness) -> None:
@@ -343,17 +371,17 @@ def test_status_patch_is_a_merge_patch_on_the_status_subresource(h: Harness) -> 
 
 
 @pytest.mark.parametrize(("status", "shown"), [
-    (403, True), (422, True), (400, False), (500, False), (409, False)])
-def test_only_denials_and_validation_errors_show_the_apiserver_message(
+    (403, True), (422, True), (400, False), (500, False), (409, True)])
+def test_only_denials_conflicts_and_validation_errors_show_the_apiserver_message(
     h: Harness, status: int, shown: bool,
 ) -> None:
     h.rest.answer("POST", "/api/v1/namespaces/apps/secrets",
-                  error(status, "APISERVER-TEXT"))
+                  error(status, 'Secret "app-secrets" is invalid: APISERVER-TEXT'))
     with pytest.raises(KubeError) as info:
         h.client.create_secret("apps", secret())
     assert ("APISERVER-TEXT" in str(info.value)) is shown
-    if status != 409:
-        assert str(info.value).startswith(f"creating Secret 'app-secrets' failed: {status} ")
+    assert not isinstance(info.value, Conflict)  # not the apiserver's AlreadyExists
+    assert str(info.value).startswith(f"creating Secret 'app-secrets' failed: {status} ")
 
 
 CANARY = "Q2FuYXJ5VmFsdWUtN2YzYQ=="  # what a Secret value looks like on the wire
@@ -365,13 +393,14 @@ CANARY = "Q2FuYXJ5VmFsdWUtN2YzYQ=="  # what a Secret value looks like on the wir
     "label must be an empty string or consist of alphanumeric characters",
     f'Secret "app-secrets" is invalid: [data[A]: Invalid value: "{CANARY}", '
     f'metadata.annotations: Duplicate value: "{CANARY}"]',
-    f'spec.x: Unsupported value: "{CANARY}": supported values: "a", "b"',
+    f'Secret "app-secrets" is invalid: spec.x: Unsupported value: "{CANARY}": supported '
+    'values: "a", "b"',
     # Admission webhooks write free text, quoting what they disliked.
     f'admission webhook "policy.example.com" denied the request: value "{CANARY}" of key '
     '"A" is not allowed',
     # A message cut inside a quote.
-    f'data[A]: Invalid value: "{CANARY}',
-    f'x: Invalid value: map[string]string{{"A":"{CANARY}"}}: bad',
+    f'Secret "app-secrets" is invalid: data[A]: Invalid value: "{CANARY}',
+    f'Secret "app-secrets" is invalid: x: Invalid value: map[string]string{{"A":"{CANARY}"}}',
 ])
 @pytest.mark.parametrize("status", [422, 403])
 def test_canary_quoted_values_never_reach_a_kube_error(

@@ -97,12 +97,13 @@ def test_query_values_are_encoded(server: FakeApiServer, rest: RestClient) -> No
 
 def test_status_error_carries_reason_and_message_never_the_request_body(
         server: FakeApiServer, rest: RestClient) -> None:
-    server.canned.append(Canned(422, status_body(422, "Invalid", "data: Invalid value")))
+    message = 'Secret "a" is invalid: data: Invalid value'
+    server.canned.append(Canned(422, status_body(422, "Invalid", message)))
     with pytest.raises(ApiError) as info:
         rest.create(WIDGETS, {"metadata": {"name": "a", "namespace": "ns"},
                               "data": {"password": "s3cr3t-value"}})
     error = info.value
-    assert (error.status, error.reason, error.message) == (422, "Invalid", "data: Invalid value")
+    assert (error.status, error.reason, error.message) == (422, "Invalid", message)
     assert "s3cr3t-value" not in str(error)
     (request,) = server.requests_of("POST")
     assert request.path == "/apis/example.io/v1/namespaces/ns/widgets"

@@ -8,12 +8,18 @@ no HTTP status came back at all (connect/read failure, reset, timeout); ``WriteR
 a kind of it, that a write was never sent because this replica may not write now.
 
 Even the Status message may quote what was refused: validation writes ``data[k]: Invalid
-value: "<the value>"``, an admission webhook's denial is free text that often quotes the
-field it disliked. So ``ApiError.message`` is redacted once, when the error is made
-(``redact_values``): every double-quoted string is replaced unless it names something
-(a resource and its object name, a user, a namespace, a webhook) or lists the values a
-field supports. The status, the reason, the field paths and the apiserver's explanation
-stay; a value of the object never does.
+value: "<the value>"``, and an admission webhook's or a ValidatingAdmissionPolicy's denial
+is free text that can quote anything (a CEL ``messageExpression`` can even print the
+object's data). So ``ApiError.message`` is redacted once, when the error is made
+(``redact_values``): a denial by admission keeps only who denied (``admission webhook "x"
+denied the request``, ``ValidatingAdmissionPolicy 'p' with binding 'b' denied request``),
+never its text; a 400/403/422 that is not in one of the apiserver's own shapes (``Secret
+"x" is invalid: ...``, ``secrets "x" is forbidden: User ...``) keeps nothing of its text;
+and in what is kept every quoted string (double, single, backtick, curly quotes) is
+replaced unless it names something (a resource and its object name, a user, a namespace,
+a webhook, a policy) or lists the values a field supports. The status, the reason, the
+field paths and the apiserver's explanation stay; a value of the object never does.
+Those who know the values they sent (the write path) also redact them by content.
 """
 
 from __future__ import annotations
@@ -35,19 +41,41 @@ _REASON_BY_STATUS = {
 }
 _MAX_MESSAGE = 1000
 REDACTED = '"[redacted]"'
+WITHHELD = "[message withheld: not the apiserver's own]"
 
-# A Go %q string (backslash escapes); no closing quote: the text was cut inside it.
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*(?P<close>")?', re.DOTALL)
-# What may precede a quoted string that names something rather than holding a value:
-# `secrets "app" is forbidden`, `Secret "app" is invalid`, `leases.coordination.k8s.io
-# "x"`, `User "system:serviceaccount:..."`, `resource "secrets" in API group ""`, `in the
-# namespace "apps"`, `admission webhook "deny.example.com" denied the request`.
+# Who denied, as the apiserver words it; the free text after it is the denier's own.
+_DENIED_BY = re.compile(
+    r'admission webhook "(?:[^"\\]|\\.)*" denied the request'
+    r"|(?:ValidatingAdmissionPolicy|MutatingAdmissionPolicy|policy) '[^']*'"
+    r"(?: with binding '[^']*')? denied request")
+# The apiserver's own 400/403/422 texts: validation (``Secret "x" is invalid: ...``), RBAC
+# and quota (``secrets "x" is forbidden: ...``), decoding and request checks.
+_OWN_TEXT = re.compile(
+    r'(?:[\w.-]+(?: "(?:[^"\\]|\\.)*")? is (?:invalid|forbidden)(?:: |$)'
+    r'|[\w.-]+ in version "[^"]*" cannot be handled as a '
+    r"|the (?:server|body of the request|API version|namespace of the provided object) "
+    r"|(?:name|resource name) (?:must|may not) )")
+# A quoted string: Go %q (backslash escapes), or 'x', `x`, curly quotes. No closing quote:
+# the text was cut inside it.
+_QUOTED = re.compile(
+    r'"(?:[^"\\]|\\.)*(?P<close>")?'
+    r"|'(?:[^'\\]|\\.)*(?P<close1>')?"
+    r"|`[^`]*(?P<close2>`)?"
+    r"|\u201c[^\u201d]*(?P<close3>\u201d)?"
+    r"|\u2018[^\u2019]*(?P<close4>\u2019)?", re.DOTALL)
+# What may precede a double-quoted string that names something rather than holding a
+# value: `secrets "app" is forbidden`, `Secret "app" is invalid`, `leases.coordination.
+# k8s.io "x"`, `User "system:serviceaccount:..."`, `resource "secrets" in API group ""
+# in the namespace "apps"`, `admission webhook "deny.example.com" denied the request`.
 _NAMING = re.compile(
     r"(?:^|[\s\[(,])(?:(?:secrets|Secret|events|Event|leases|Lease|namespaces|Namespace"
     r"|serviceaccounts|ServiceAccount|himitsusecrets|HimitsuSecret)(?:\.[a-z0-9.-]+)?"
-    r"|User|user|resource|group|namespace|webhook|serviceaccount) $")
+    r"|User|resource|API group|the namespace|admission webhook|calling webhook) $")
+# ValidatingAdmissionPolicy 'p' with binding 'b' denied request.
+_NAMING_SINGLE = re.compile(r"(?:AdmissionPolicy|policy|binding) $")
 # `Unsupported value: "x": supported values: "a", "b"`: the schema's own constants.
 _SUPPORTED = re.compile(r'supported values: (?:"(?:[^"\\]|\\.)*", )*$')
+_FIELD_WORDS = frozenset({"`immutable`"})  # `data: Forbidden: field is immutable when ...`
 
 
 class TransportError(Exception):
@@ -64,11 +92,14 @@ class ApiError(Exception):
 
     ``message`` comes from the Status object only, never from the request body, and is
     redacted (``redact_values``), so it cannot echo the data we sent (Secret values).
+    ``details``: the Status ``details`` kind, name and group (strings; absent: not given),
+    which tell the apiserver's own AlreadyExists from a webhook's denial with that reason.
     """
 
     def __init__(self, status: int, reason: str, message: str, *,
-                 retry_after: float | None = None, causes: tuple[str, ...] = ()) -> None:
-        message = redact_values(message[:_MAX_MESSAGE])[:_MAX_MESSAGE]
+                 retry_after: float | None = None, causes: tuple[str, ...] = (),
+                 details: Mapping[str, str] | None = None) -> None:
+        message = redact_values(message[:_MAX_MESSAGE], status=status)[:_MAX_MESSAGE]
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
@@ -77,12 +108,14 @@ class ApiError(Exception):
         # The Status's details.causes[].reason (e.g. "ResourceVersionTooLarge"); their
         # messages and fields are not kept (a validation cause may quote a value).
         self.causes = causes
+        self.details: Mapping[str, str] = dict(details or {})
 
     @classmethod
     def from_response(cls, status: int, body: bytes,
                       headers: Mapping[str, str] | None = None) -> ApiError:
         reason = _REASON_BY_STATUS.get(status, "Unknown")
         message = f"the server responded with status {status}"
+        details: dict[str, str] = {}
         try:
             decoded = json.loads(body) if body else None
         except ValueError:
@@ -92,8 +125,10 @@ class ApiError(Exception):
             reason = str(decoded.get("reason") or reason)
             message = str(decoded.get("message") or message)
             causes = _cause_reasons(decoded)
+            details = _details(decoded)
         retry_after = _parse_retry_after((headers or {}).get("Retry-After"))
-        return cls(status, reason, message, retry_after=retry_after, causes=causes)
+        return cls(status, reason, message, retry_after=retry_after, causes=causes,
+                   details=details)
 
     @classmethod
     def from_status(cls, status_object: Mapping[str, Any]) -> ApiError:
@@ -101,7 +136,8 @@ class ApiError(Exception):
         code = int(status_object.get("code") or 500)
         reason = str(status_object.get("reason") or _REASON_BY_STATUS.get(code, "Unknown"))
         message = str(status_object.get("message") or f"watch error {code}")
-        return cls(code, reason, message, causes=_cause_reasons(status_object))
+        return cls(code, reason, message, causes=_cause_reasons(status_object),
+                   details=_details(status_object))
 
 
 def is_resource_expired(exc: ApiError) -> bool:
@@ -128,25 +164,46 @@ def _cause_reasons(status_object: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(c["reason"]) for c in causes if isinstance(c, dict) and c.get("reason"))
 
 
-def redact_values(message: str) -> str:
-    """``message`` with every double-quoted string that may be a value replaced.
+def _details(status_object: Mapping[str, Any]) -> dict[str, str]:
+    details = status_object.get("details")
+    if not isinstance(details, Mapping):
+        return {}
+    return {k: details[k] for k in ("kind", "name", "group") if isinstance(details.get(k), str)}
 
-    Kept: a quoted string right after a resource or kind (the object's name), ``User``,
-    ``resource``, ``group``, ``namespace`` or ``webhook``, and the list after ``supported
-    values:``. Everything else quoted (``Invalid value: "..."``, ``Duplicate value``,
-    ``Not found``, whatever a webhook quotes) becomes ``"[redacted]"``, and so does the
-    rest of a message cut inside a quote.
+
+def redact_values(message: str, *, status: int | None = None) -> str:
+    """``message`` without anything that may be a value of the object refused.
+
+    A denial by admission is cut after who denied; with ``status`` 400, 403 or 422 a text
+    in none of the apiserver's own shapes is withheld. In what is left every quoted
+    string becomes ``"[redacted]"``, and so does the rest of a message cut inside a quote,
+    except a quoted string right after a resource or kind (the object's name), ``User``,
+    ``resource``, ``API group``, ``the namespace``, a webhook, a policy or its binding,
+    and the list after ``supported values:``.
     """
+    denied = _DENIED_BY.search(message)
+    if denied is not None:
+        message = message[:denied.end()]
+    elif status in (400, 403, 422) and _OWN_TEXT.match(message) is None:
+        return WITHHELD
     out: list[str] = []
     end = 0
     for match in _QUOTED.finditer(message):
-        head = message[:match.start()]
-        kept = match.group("close") is not None and (
-            _NAMING.search(head) is not None or _SUPPORTED.search(head) is not None)
-        out += [message[end:match.start()], match.group() if kept else REDACTED]
+        out += [message[end:match.start()],
+                match.group() if _kept(message, match) else REDACTED]
         end = match.end()
     out.append(message[end:])
     return "".join(out)
+
+
+def _kept(message: str, match: re.Match[str]) -> bool:
+    text, head = match.group(), message[:match.start()]
+    if text[0] == '"':
+        return match.group("close") is not None and (
+            _NAMING.search(head) is not None or _SUPPORTED.search(head) is not None)
+    if text[0] == "'":
+        return match.group("close1") is not None and _NAMING_SINGLE.search(head) is not None
+    return text in _FIELD_WORDS
 
 
 def _parse_retry_after(value: str | None) -> float | None:
