@@ -228,6 +228,15 @@ class FakeKube:
             return
         if current["metadata"]["uid"] != uid:
             raise Conflict(f"Secret {name!r} was replaced", status=409)
+        if current["metadata"].get("finalizers"):  # terminating until they are removed
+            current["metadata"].setdefault("deletionTimestamp", "2024-05-06T07:08:09Z")
+            current["metadata"]["resourceVersion"] = str(next(self._rv))
+            return
+        del self.secrets[(namespace, name)]
+
+    def finish_deletion(self, namespace: str, name: str) -> None:
+        """The finalizers of a terminating Secret are done: it is gone."""
+        assert self.secrets[(namespace, name)]["metadata"].get("deletionTimestamp")
         del self.secrets[(namespace, name)]
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ class Memory:
     uid: str
     target_rv: str | None = None
     failures: int = 0
+    races: int = 0  # writes in a row that lost an optimistic-concurrency race (409)
     due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
     read_live: bool = False  # a create found the target's name taken: read it directly
     cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)

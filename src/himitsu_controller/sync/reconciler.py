@@ -32,6 +32,7 @@ from himitsu_controller.sync.tokens import TokenError, TokenNotAllowed, TokenRea
 log = structlog.get_logger(__name__)
 
 CONFLICT_REQUEUE = 0.5
+RACES_REPORTED = 5  # lost write races in a row before Ready says so
 
 
 class _Failure(Exception):
@@ -332,9 +333,16 @@ class HimitsuSecretReconciler:
         except writes.Raced as exc:
             mem.expect(None)
             mem.read_live = mem.read_live or exc.creating
-            raise _Requeue() from None
+            mem.races += 1
+            if mem.races >= RACES_REPORTED:  # now _failed's backoff paces the retries
+                raise _Failure("WriteFailure", (
+                    f"Secret {spec.target.name!r} changed under each of the last "
+                    f"{mem.races} writes (someone else writes, deletes or recreates it); "
+                    "retrying with backoff")) from None
+            raise _Requeue(CONFLICT_REQUEUE * 2 ** (mem.races - 1)) from None
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
+        mem.races = 0
         mem.expect(resource_version(done.secret))
         if done.wrote:
             mem.read_live = False

@@ -10,9 +10,16 @@ a value) while the target is still untouched. The rules were checked against
 kube-apiserver 1.36 on the local control plane; the reconcile still dry-runs a
 replacement on the apiserver itself (admission webhooks have rules of their own).
 
-``kubernetes.io/service-account-token`` is refused outright: Kubernetes' token
-controller writes such Secrets (the token, ``ca.crt``, ``namespace``) and deletes them
-with their ServiceAccount, so the operator could only fight it.
+A Secret of type ``kubernetes.io/service-account-token`` is never created (nor a target
+replaced by one): Kubernetes' token controller writes such Secrets (the token,
+``ca.crt``, ``namespace``) and deletes them with their ServiceAccount, so the operator
+could only fight it. Merging keys into an existing one is still allowed, as it always was.
+
+Where Python cannot judge exactly as Go does (JSON: Go takes invalid UTF-8 in a string and
+nests 10,000 deep; Python refuses the first and overflows its stack long before the
+second), the check lets it through and the apiserver decides: a 422 for a plain write, a
+refused dry run (the Secret kept) for a replacement. Locally stricter than the apiserver
+would refuse a Secret it takes.
 """
 
 from __future__ import annotations
@@ -46,21 +53,22 @@ class Unwritable(ValueError):
     """The apiserver would refuse this Secret; the message names keys and sizes only."""
 
 
-def check(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
+def check(secret: Mapping[str, Any], *, ours: Collection[str], creating: bool) -> None:
     """Raise Unwritable when the apiserver would refuse ``secret`` (a full Secret body).
 
     ``ours`` are the data keys rendered from Himitsu (the rest of a Merge target's keys
-    are someone else's), for the size message.
+    are someone else's), for the size message; ``creating``: the write creates the
+    Secret (a first create, a replacement), not an update of one that exists.
     """
-    _check_type(secret, ours=ours)
+    _check_type(secret, ours=ours, creating=creating)
     _check_sizes(secret, ours=ours)
 
 
-def _check_type(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
+def _check_type(secret: Mapping[str, Any], *, ours: Collection[str], creating: bool) -> None:
     kind = str(secret.get("type") or "Opaque")
     data: Mapping[str, str] = secret.get("data") or {}
     name = _name(secret)
-    if kind == SERVICE_ACCOUNT_TOKEN:
+    if kind == SERVICE_ACCOUNT_TOKEN and creating:
         raise Unwritable(
             f"target.type {kind!r} is not supported: Kubernetes' token controller writes "
             "such Secrets and deletes them with their ServiceAccount; use Opaque")
@@ -144,8 +152,22 @@ def _decoded_size(value: str) -> int:
 
 
 def _json_object(value: str) -> bool:
-    # The apiserver unmarshals into a Go map: an object, or null.
+    """False only when Go's ``json.Unmarshal`` into a map surely fails (it takes an
+    object or null); True when it succeeds or Python cannot tell."""
     try:
-        return isinstance(json.loads(base64.b64decode(value, validate=True)), dict | None)
-    except ValueError:  # binascii.Error, UnicodeDecodeError, JSONDecodeError
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
         return False
+    # Go replaces invalid UTF-8 in a string with U+FFFD; a BOM it refuses (so does
+    # json.loads); NaN and Infinity it refuses (json.loads takes them).
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        return isinstance(json.loads(text, parse_constant=_no_constant), dict | None)
+    except json.JSONDecodeError:
+        return False
+    except (RecursionError, ValueError):  # deeper than Python's stack; a 5000-digit int
+        return True
+
+
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)

@@ -7,19 +7,26 @@ application without its Secret, and every retry would fail the same way. So the
 replacement is proven first: locally against the type's required keys and the size
 limits (``validity``), then by the apiserver itself with a dry-run create, which runs
 validation and every admission plugin and webhook but stores nothing. Only then is the
-old Secret deleted (with a uid precondition) and the new one created. Every other write
-is checked locally the same way, so a refusal is ``InvalidSpec`` naming the key, not a
-raw 422.
+old Secret deleted (with a uid precondition) and the new one created; should that create
+still be refused (a webhook that judges a dry run differently), the old Secret is created
+again as it was. The replacement keeps the old one's labels, annotations, other owners
+and ``immutable``: only the type and the data change. Every other write is checked
+locally the same way, so a refusal is ``InvalidSpec`` naming the key, not a raw 422.
+
+A target being deleted (a ``deletionTimestamp``: its finalizers hold it) is never written,
+dry-run or deleted again: the write is refused until it is gone, then it is created.
+A refusal's message never holds a value we sent (``scrub``).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from himitsu_controller import api, metrics
-from himitsu_controller.sync import targets, validity
+from himitsu_controller.sync import scrub, targets, validity
 from himitsu_controller.sync.expectations import uid_of
 from himitsu_controller.sync.ports import Conflict, Kube, KubeError
 
@@ -59,7 +66,10 @@ def write(
 
     Raises Refused (nothing was written), Raced, or KubeError (a write was refused; for
     a replacement, only ever the create after the delete, which the dry run vouched for).
+    No value of the Secret is in any of their messages (``scrub``).
     """
+    if target is not None and (target.get("metadata") or {}).get("deletionTimestamp"):
+        raise Refused("WriteFailure", _terminating(target))
     replacing = target is not None and target.get("type", "Opaque") != spec.target.type
     if replacing and spec.target.creation_policy == "Merge":
         assert target is not None
@@ -70,39 +80,72 @@ def write(
         ))
     try:
         desired = targets.desired_secret(
-            None if replacing else target, owner=owner, spec=spec, rendered=rendered,
-            version=version)
+            _carried_over(target, spec) if target is not None and replacing else target,
+            owner=owner, spec=spec,
+            rendered=rendered, version=version)
     except targets.TargetConflict as exc:
         raise Refused("TargetConflict", str(exc)) from None
     try:
-        validity.check(desired, ours=rendered)
+        validity.check(desired, ours=rendered, creating=target is None or replacing)
     except validity.Unwritable as exc:
         raise Refused("InvalidSpec", str(exc)) from None
     ns = owner.namespace
+    sent = [*(desired.get("data") or {}).values(), *((target or {}).get("data") or {}).values()]
     try:
-        if target is not None and replacing:
-            written = _replace(kube, ns, target, desired)
-        elif target is None:
-            written = kube.create_secret(ns, desired)
-            metrics.count_write("create")
-        elif targets.same_content(target, desired):
-            return Written(secret=target, wrote=False, data_changed=False)
-        else:
-            written = kube.update_secret(ns, desired)
-            metrics.count_write("update")
-            return Written(secret=written, wrote=True,
-                           data_changed=(target.get("data") or {}) != desired["data"])
+        with scrub.redacting(sent):
+            if target is not None and replacing:
+                written = _replace(kube, ns, target, desired, sent=sent)
+            elif target is None:
+                written = kube.create_secret(ns, desired)
+                metrics.count_write("create")
+            elif targets.same_content(target, desired):
+                return Written(secret=target, wrote=False, data_changed=False)
+            else:
+                written = kube.update_secret(ns, desired)
+                metrics.count_write("update")
+                return Written(secret=written, wrote=True,
+                               data_changed=(target.get("data") or {}) != desired["data"])
     except Conflict:
         raise Raced(creating=target is None or replacing) from None
     return Written(secret=written, wrote=True, data_changed=True)
 
 
+def _terminating(target: Mapping[str, Any]) -> str:
+    meta = target.get("metadata") or {}
+    finalizers = ", ".join(str(f) for f in meta.get("finalizers") or []) or "none left"
+    return (f"Secret {meta.get('name', '')!r} is being deleted (finalizers: {finalizers}): "
+            "waiting for the Secret's finalizers to finish its deletion; it is written "
+            "again once it is gone")
+
+
+def _carried_over(target: Mapping[str, Any], spec: api.Spec) -> dict[str, Any]:
+    """What a replacement keeps of the Secret it replaces: its labels and annotations
+    (ours are stamped again over them), its other owners' references and ``immutable``;
+    not its data, nor its type, nor anything the apiserver set."""
+    meta = target.get("metadata") or {}
+    kept: dict[str, Any] = {k: copy.deepcopy(meta[k]) for k in ("labels", "annotations")
+                            if meta.get(k)}
+    refs = [r for r in meta.get("ownerReferences") or [] if not r.get("controller")]
+    if refs:
+        kept["ownerReferences"] = copy.deepcopy(refs)
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Secret", "type": spec.target.type,
+        "metadata": {"name": meta.get("name", spec.target.name),
+                     "namespace": meta.get("namespace"), **kept},
+    }
+    if target.get("immutable"):
+        body["immutable"] = True
+    return body
+
+
 def _replace(
-    kube: Kube, ns: str, target: Mapping[str, Any], desired: dict[str, Any],
+    kube: Kube, ns: str, target: Mapping[str, Any], desired: dict[str, Any], *,
+    sent: list[str],
 ) -> dict[str, Any]:
     name = desired["metadata"]["name"]
     try:
-        kube.dry_run_create_secret(ns, desired)
+        with scrub.redacting(sent):
+            kube.dry_run_create_secret(ns, desired)
     except KubeError as exc:
         raise Refused("WriteFailure", (
             f"Secret {name!r} was kept as it is (type {target.get('type', 'Opaque')!r}): "
@@ -110,6 +153,25 @@ def _replace(
         )) from None
     kube.delete_secret(ns, name, uid=uid_of(target))
     metrics.count_write("delete")
-    written = kube.create_secret(ns, desired)
+    try:
+        written = kube.create_secret(ns, desired)
+    except Conflict:
+        raise  # someone created it first, or the old one waits for its finalizers
+    except KubeError as exc:
+        raise KubeError(f"{exc}; {_restore(kube, ns, target)}",
+                        status=exc.status, reason=exc.reason) from None
     metrics.count_write("create")
     return written
+
+
+def _restore(kube: Kube, ns: str, target: Mapping[str, Any]) -> str:
+    """The dry run vouched for a create the apiserver then refused: put the old Secret
+    back as it was, so the refusal costs the application nothing."""
+    meta = {k: v for k, v in (target.get("metadata") or {}).items()
+            if k not in ("deletionTimestamp", "deletionGracePeriodSeconds", "finalizers")}
+    try:
+        kube.create_secret(ns, {**target, "metadata": meta})
+    except KubeError:
+        return "the old Secret could not be created again"
+    metrics.count_write("create")
+    return "the old Secret was created again as it was"
