@@ -8,12 +8,13 @@ changes the target.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 
 import pytest
 
 from .harness import Harness
-from .kubehelp import ApiError, KubeApi, secret_path, wait_for
+from .kubehelp import ApiError, KubeApi, hsec_path, secret_path, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
 
@@ -156,7 +157,9 @@ def test_refused_secret_write_is_write_failure_until_allowed(
         h: Harness, ns: str, kube: KubeApi, deny_managed_secrets: str) -> None:
     sync = h.sync(ns, "API_KEY", refresh="5s", wait=False)
 
-    obj = h.wait_ready(ns, sync.name, reason="WriteFailure", message_has="e2e policy")
+    # Who denied is shown, not the policy's text (it may print the object's data).
+    obj = h.wait_ready(ns, sync.name, reason="WriteFailure",
+                       message_has=f"ValidatingAdmissionPolicy 'deny-managed-{ns}'")
     assert sync.target in obj["status"]["conditions"][0]["message"]
     assert kube.secret(ns, sync.target) is None
 
@@ -164,3 +167,69 @@ def test_refused_secret_write_is_write_failure_until_allowed(
 
     h.wait_ready(ns, sync.name, timeout=RECOVERY_TIMEOUT)
     h.wait_data(ns, sync.target, sync.values)
+
+
+def test_a_policy_that_prints_the_data_in_its_denial_leaks_nothing(
+        h: Harness, ns: str, kube: KubeApi) -> None:
+    # Review: a messageExpression printing object.data put the value into the status, the
+    # Events and the operator log (redaction covered double-quoted text only). The
+    # session's canary check searches the operator log too.
+    name = f"print-data-{ns}"[:63]
+    kube.create(f"{VAP_API}/validatingadmissionpolicies", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "resources": ["secrets"],
+                "operations": ["CREATE"]}]},
+            "validations": [{
+                "expression": "object.type != 'kubernetes.io/tls'",
+                "messageExpression": "'tls key must be a PEM, got ' + "
+                                     "string(object.data['tls.key']) + ' and \"' + "
+                                     "string(object.data['tls.crt']) + '\"'",
+                "reason": "Forbidden"}],
+        },
+    })
+    binding = f"{VAP_API}/validatingadmissionpolicybindings/{name}"
+    kube.create(f"{VAP_API}/validatingadmissionpolicybindings", {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {
+                     "matchLabels": {"kubernetes.io/metadata.name": ns}}}},
+    })
+    try:
+        sync = h.sync(ns, "tls.crt", "tls.key", refresh="5s")
+        before = h.wait_data(ns, sync.target, sync.values)
+        probe = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                 "metadata": {"name": "policy-probe"},
+                 "data": {"tls.crt": "YQ==", "tls.key": "Yg=="}}
+
+        def refused() -> bool:
+            try:
+                kube.request("POST", secret_path(ns), body=probe, query={"dryRun": "All"})
+            except ApiError as exc:
+                return exc.status in (403, 422)
+            return False
+
+        wait_for(refused, timeout=30, what="the admission policy to be enforced")
+
+        kube.merge_patch(hsec_path(ns, sync.name),
+                         {"spec": {"target": {"type": "kubernetes.io/tls"}}})
+
+        obj = h.wait_ready(ns, sync.name, reason="WriteFailure", message_has=name)
+        message = obj["status"]["conditions"][0]["message"]
+        assert "was kept as it is" in message and "denied request" in message
+        assert "must be a PEM" not in message, "the policy's own text is shown"
+        wait_for(lambda: any(e["reason"] == "WriteFailure" for e in h.events(ns, sync.name)),
+                 timeout=30, what="a WriteFailure Event")
+        shown = json.dumps(obj["status"]) + json.dumps(h.events(ns, sync.name))
+        for value in sync.values.values():
+            encoded = base64.b64encode(value.encode()).decode()
+            assert value not in shown and encoded not in shown
+        after = kube.secret(ns, sync.target)
+        assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]
+    finally:
+        kube.delete(binding)
+        kube.delete(f"{VAP_API}/validatingadmissionpolicies/{name}")
