@@ -38,7 +38,8 @@ syncs = Counter(
 )
 secret_writes = Counter(
     "himitsu_secret_writes",
-    "Writes of target Secrets by operation (create, update, delete: a type change).",
+    "Writes of target Secrets by operation (create, update: the data, relabel: only the "
+    "operator's labels, annotations or ownerReference put back, delete: a type change).",
     ["operation"], registry=REGISTRY,
 )
 ready = Gauge(

@@ -19,6 +19,7 @@ from reconcile_world import CANARY, NS, TARGET, World, fetched, merge_world
 
 from himitsu_controller import api
 from himitsu_controller import logging as hlog
+from himitsu_controller.runtime.metrics import REGISTRY
 from himitsu_controller.sync import scrub
 from himitsu_controller.sync.ports import Conflict, KubeError
 from himitsu_controller.sync.reconciler import CONFLICT_REQUEUE, RACES_REPORTED
@@ -226,3 +227,28 @@ def test_scrub_replaces_the_longest_form_first() -> None:
     forms = scrub.forms_of([b64("abcd"), b64("abcdefgh")])
     assert scrub.scrub("x abcdefgh y abcd", forms) == "x [redacted] y [redacted]"
     assert scrub.forms_of([b64("abc")]) == ["YWJj"]  # "abc" itself is too short to scrub
+
+
+# --- a GitOps fight is visible -----------------------------------------------------------
+
+
+def _writes(operation: str) -> float:
+    return REGISTRY.get_sample_value(
+        "himitsu_secret_writes_total", {"operation": operation}) or 0.0
+
+
+def test_putting_back_pruned_stamps_counts_as_a_relabel_not_an_update() -> None:
+    world = World()
+    world.sync(5)
+    updates, relabels = _writes("update"), _writes("relabel")
+    for _ in range(3):  # a GitOps tool prunes our labels and annotations, we put them back
+        meta = world.target()["metadata"]
+        meta.pop("labels")
+        meta.pop("annotations")
+        world.kube.edit_secret(NS, TARGET, metadata=meta)
+        world.sync(5)
+        assert world.target()["metadata"]["labels"][api.LABEL_MANAGED] == "true"
+    assert (_writes("update"), _writes("relabel")) == (updates, relabels + 3)
+    world.clock.advance(60)
+    world.sync(6, {"KEY_0": "changed"})
+    assert (_writes("update"), _writes("relabel")) == (updates + 1, relabels + 3)

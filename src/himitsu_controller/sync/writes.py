@@ -102,9 +102,10 @@ def write(
                 return Written(secret=target, wrote=False, data_changed=False)
             else:
                 written = kube.update_secret(ns, desired)
-                metrics.count_write("update")
-                return Written(secret=written, wrote=True,
-                               data_changed=(target.get("data") or {}) != desired["data"])
+                changed = (target.get("data") or {}) != desired["data"]
+                # Only our stamps put back: a GitOps tool pruning them shows as a rate.
+                metrics.count_write("update" if changed else "relabel")
+                return Written(secret=written, wrote=True, data_changed=changed)
     except Conflict:
         raise Raced(creating=target is None or replacing) from None
     return Written(secret=written, wrote=True, data_changed=True)
