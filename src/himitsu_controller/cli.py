@@ -179,12 +179,11 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     # With leader election, writes (reconciles' and Events') go out only while the gate
     # says this replica holds the Lease (runtime/writegate.py).
     gate = WriteGate() if args.leader_elect else None
-    write_gate = gate.remaining if gate is not None else None
     # Each watch holds a pooled connection for its life: two informers, workers, slack.
     rest = RestClient(
         load_api_client(args.kubeconfig, pool_maxsize=workers + 8),
         qps=args.kube_api_qps, burst=args.kube_api_burst,
-        user_agent=f"himitsu-controller/{__version__}", write_gate=write_gate,
+        user_agent=f"himitsu-controller/{__version__}", write_gate=gate,
     )
     _check_reachable(rest, args.namespace)
     hsecs = Informer(
@@ -201,7 +200,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     # 1,000 HimitsuSecrets writes 1,000 Events).
     recorder = EventRecorder(
         RestClient(load_api_client(args.kubeconfig, pool_maxsize=2),
-                   qps=EVENT_QPS, burst=EVENT_BURST, write_gate=write_gate,
+                   qps=EVENT_QPS, burst=EVENT_BURST, write_gate=gate,
                    user_agent=f"himitsu-controller/{__version__} events"),
         component=kube.COMPONENT, reporting_controller=kube.REPORTING_CONTROLLER,
         instance=socket.gethostname(),
@@ -264,9 +263,11 @@ def _allowed_api_urls(args: argparse.Namespace) -> list[str]:
 
 def elector_client(kubeconfig: str | None) -> RestClient:
     """The elector's own client: a renewal never waits behind reconcile traffic in the
-    rate limiter, and nothing retries behind its back (no urllib3 retry, no 429 sleep),
-    so each request of a renewal keeps to the renew deadline."""
+    rate limiter, nothing retries behind its back (no urllib3 retry, no 429 sleep), and
+    each request's timeout bounds the whole request (not each socket operation), so each
+    request of a renewal keeps to the renew deadline."""
     return RestClient(load_api_client(kubeconfig, pool_maxsize=2, retries=0), max_retries=0,
+                      request_deadlines=True,
                       user_agent=f"himitsu-controller/{__version__} leader-election")
 
 
@@ -324,14 +325,18 @@ def _target_index(obj: dict[str, Any]) -> list[str]:
 
 def _leader_election(rest: RestClient, args: argparse.Namespace, gate: WriteGate) -> Any:
     namespace = args.leader_election_namespace or _pod_namespace() or "default"
-    config = LeaderElectionConfig(
-        namespace=namespace, name=args.leader_election_id, identity=default_identity(),
-        lease_duration=args.leader_election_lease_duration,
-        renew_deadline=args.leader_election_renew_deadline,
-        retry_period=args.leader_election_retry_period,
-    )
-    if not config.lease_duration > config.renew_deadline > config.retry_period:
+    if not (args.leader_election_lease_duration > args.leader_election_renew_deadline
+            > args.leader_election_retry_period):
         raise ConfigError("leader election needs lease-duration > renew-deadline > retry-period")
+    try:
+        config = LeaderElectionConfig(
+            namespace=namespace, name=args.leader_election_id, identity=default_identity(),
+            lease_duration=args.leader_election_lease_duration,
+            renew_deadline=args.leader_election_renew_deadline,
+            retry_period=args.leader_election_retry_period,
+        )
+    except ValueError as exc:  # e.g. a lease duration that is not whole seconds
+        raise ConfigError(f"--leader-election-*: {exc}") from None
 
     def factory(on_started: Any, on_stopped: Any) -> LeaderElector:
         return LeaderElector(rest, config, on_started_leading=on_started,

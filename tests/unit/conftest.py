@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import urllib3.util.connection
 from fake_apiserver import FakeApiServer
 from fakes import SleepClock
 from kubernetes import client as k8s
@@ -27,3 +30,18 @@ def api_client(server: FakeApiServer) -> Iterator[k8s.ApiClient]:
 @pytest.fixture
 def clock() -> SleepClock:
     return SleepClock()
+
+
+@pytest.fixture
+def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every TCP connection a client opens, counted as it opens it: a count that needs no
+    server thread to have caught up (urllib3 makes a new connection for each re-send)."""
+    opened: list[tuple[str, int]] = []
+    create = urllib3.util.connection.create_connection
+
+    def counting(address: tuple[str, int], *args: Any, **kwargs: Any) -> socket.socket:
+        opened.append(address)
+        return create(address, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.util.connection, "create_connection", counting)
+    return opened

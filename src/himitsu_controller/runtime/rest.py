@@ -20,11 +20,12 @@ Retry-After on 429. The Python client does neither. Watches are long-lived and e
 as in client-go.
 
 Why a write gate: with leader election, the reconcilers' client asks ``write_gate``
-(``writegate.WriteGate.remaining``) immediately before every write leaves, after the
-rate limiter's wait and any Retry-After sleep, and refuses (``WriteRefused``) once the
-replica can no longer vouch that it holds the Lease. Such a write is sent once: no
-urllib3 retry re-sends it later, and its connection must be made while the gate is still
-open (the connect timeout is capped at what is left of it).
+(``writegate.WriteGate.admit``) immediately before every write leaves, after the rate
+limiter's wait and any Retry-After sleep, and refuses (``WriteRefused``) once the
+replica can no longer vouch that it holds the Lease. Such a write is sent once (no
+urllib3 retry re-sends it later, behind a proxy too) and is over by the time the gate
+gave it: an overall deadline (``deadline.py``) aborts it then, however its connection
+hangs, so it cannot reach the apiserver after a standby may have taken the Lease.
 
 The errors, the configuration loader and the watch stream live in sibling modules and
 are re-exported here: callers need only ``runtime.rest``.
@@ -49,8 +50,9 @@ from kubernetes import client as k8s
 
 from .apierrors import ApiError, TransportError, WriteRefused, describe_exception
 from .kubeconfig import ConfigError, load_api_client, new_api_client
-from .transport import REFRESH_SECONDS, LeanTransport, encode_body
+from .transport import REFRESH_SECONDS, LeanTransport, Route, encode_body
 from .watchstream import WatchStream
+from .writegate import WriteGate
 
 __all__ = [
     "APPLY_PATCH",
@@ -147,6 +149,16 @@ class TokenBucket:
             self._sleep(delay)
 
 
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    path: str
+    query: Mapping[str, Any] | None
+    body: Any
+    content_type: str | None
+    encoded: bytes | None  # the body as sent on the lean path
+
+
 def _encode_query(query: Mapping[str, Any] | None) -> str:
     pairs: list[tuple[str, str]] = []
     for key, value in (query or {}).items():
@@ -175,14 +187,16 @@ class RestClient:
     def __init__(self, api_client: k8s.ApiClient, *, qps: float = 50.0, burst: int = 100,
                  user_agent: str | None = None, max_retries: int = 10,
                  credentials_refresh: float = REFRESH_SECONDS,
-                 write_gate: Callable[[], float] | None = None,
+                 write_gate: WriteGate | None = None, request_deadlines: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         """``credentials_refresh``: seconds the lean path reuses headers and credentials;
-        ``max_retries``: 429s retried after their Retry-After; ``write_gate``: seconds
-        writes are still allowed for (<= 0 refuses them), asked before each write."""
+        ``max_retries``: 429s retried after their Retry-After; ``write_gate``: asked to
+        admit each write; ``request_deadlines``: each request's timeout bounds the whole
+        request, not each socket operation (the leader elector's)."""
         self.api_client = api_client
         self._write_gate = write_gate
+        self._request_deadlines = request_deadlines
         self._limiter = TokenBucket(qps, burst, clock=clock, sleep=sleep) if qps > 0 else None
         self._user_agent = user_agent
         self._transport = LeanTransport(api_client, user_agent=user_agent,
@@ -263,40 +277,59 @@ class RestClient:
         raw: urllib3.HTTPResponse = response.response
         return raw
 
-    def _gate(self, method: str, path: str) -> float | None:
-        """None: send as usual; else the seconds this write may still take to connect."""
+    def _admit(self, method: str, path: str) -> float | None:
+        """None: not a gated write; else the seconds this write may take in all."""
         if self._write_gate is None or method not in _WRITE_METHODS:
             return None
-        remaining = self._write_gate()
-        if remaining <= 0:
+        allowed = self._write_gate.admit()
+        if allowed is None:
             raise WriteRefused(f"{method} {path}: not sent, this replica is not leading")
-        return remaining
+        return allowed
 
     def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None, body: Any,
               content_type: str | None, timeout: float, verb: str,
               ) -> tuple[int, bytes, Mapping[str, str]]:
         route = self._transport.route()
-        if route.pool is not None:
-            if content_type is None and body is not None:
-                content_type = JSON
-            encoded = encode_body(body, content_type)
-            gated = self._gate(method, path)  # the last thing before the request leaves
-            self._count(verb)
-            return self._transport.send(route, method, path, _encode_query(query),
-                                        body=encoded, content_type=content_type,
-                                        timeout=timeout, connect_within=gated)
-        gated = self._gate(method, path)
+        write = self._write_gate is not None and method in _WRITE_METHODS
+        # Behind a proxy, the client's own path (its Retry policy, per-operation timeouts)
+        # serves only requests that need neither a deadline nor a single send.
+        direct = route.pool is not None or (
+            route.manager is not None and (self._request_deadlines or write))
+        if direct and content_type is None and body is not None:
+            content_type = JSON
+        request = _Request(method, path, query, body, content_type,
+                           encode_body(body, content_type) if direct else None)
+        gated = self._admit(method, path)  # the last thing before the request leaves
         self._count(verb)
-        # Behind a proxy the client's own path keeps its Retry policy (connection failures
-        # only): the connect timeout of each attempt is capped at what the gate has left.
-        response = self._open(method, path, query=query, body=body, content_type=content_type,
-                              timeout=timeout if gated is None else
-                              (min(timeout, gated), timeout))
+        if gated is None:
+            return self._dispatch(route, request, direct=direct, timeout=timeout,
+                                  deadline=self._request_deadlines, once=False)
+        # A gated write: sent once, and over (aborted if need be) when the gate said;
+        # the gate counts it in flight until then.
+        assert self._write_gate is not None
+        answered = False
+        try:
+            answer = self._dispatch(route, request, direct=direct,
+                                    timeout=min(timeout, gated), deadline=True, once=True)
+            answered = True
+            return answer
+        finally:
+            self._write_gate.done(answered=answered)
+
+    def _dispatch(self, route: Route, r: _Request, *, direct: bool, timeout: float,
+                  deadline: bool, once: bool) -> tuple[int, bytes, Mapping[str, str]]:
+        if direct:
+            return self._transport.send(route, r.method, r.path, _encode_query(r.query),
+                                        body=r.encoded, content_type=r.content_type,
+                                        timeout=timeout, deadline=deadline, once=once)
+        # Credentials in the query string (no kubeconfig does that): the client's path.
+        response = self._open(r.method, r.path, query=r.query, body=r.body,
+                              content_type=r.content_type, timeout=timeout)
         try:
             data = response.read()
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
             response.close()
-            raise TransportError(f"{method} {path}: {describe_exception(exc)}") from None
+            raise TransportError(f"{r.method} {r.path}: {describe_exception(exc)}") from None
         finally:
             response.release_conn()
         return response.status, data, response.headers

@@ -22,8 +22,12 @@ once per refresh period:
   none and the caller keeps using the client's path.
 
 Requests go out with ``pool.urlopen`` and the Retry policy of the ApiClient (see
-``kubeconfig.new_api_client``), the body serialised once by the caller. A gated write
-(``connect_within``) goes out once, with no retry, and must connect within that time.
+``kubeconfig.new_api_client``), the body serialised once by the caller. A request may
+carry an overall deadline (``deadline=True``: its timeout bounds the whole request, see
+``deadline.py``), and may be sent ``once`` (no urllib3 retry: a write the write gate let
+through). Behind a proxy such requests go through the client's ProxyManager in the same
+way (the route's ``manager``), not through the client's REST layer, whose Retry policy
+cannot be turned off per request.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import urllib3
 from kubernetes import client as k8s
 from urllib3.util import parse_url
 
+from . import deadline as deadlines
 from .apierrors import TransportError, describe_exception
 
 __all__ = ["LeanTransport", "Route", "apiserver_pool", "encode_body"]
@@ -83,8 +88,11 @@ def apiserver_pool(api_client: k8s.ApiClient) -> urllib3.HTTPConnectionPool | No
 class Route:
     """Where and how to send requests until ``expires`` (a reading of the clock)."""
 
-    pool: urllib3.HTTPConnectionPool | None  # None: use the client's path (proxy)
+    pool: urllib3.HTTPConnectionPool | None  # None: behind a proxy (see manager)
     prefix: str  # a path the host URL carries (e.g. a proxying gateway's), or ""
+    # Behind a proxy: the client's ProxyManager and the apiserver's scheme://host:port.
+    manager: urllib3.PoolManager | None
+    origin: str
     headers: Mapping[str, str]  # shared by all requests, never mutated (urllib3 copies it)
     retries: urllib3.Retry | bool | int | None  # the ApiClient's policy
     expires: float
@@ -143,16 +151,21 @@ class LeanTransport:
         if self._user_agent is not None:
             headers["User-Agent"] = self._user_agent
         pool = apiserver_pool(api_client)
+        manager = api_client.rest_client.pool_manager if pool is None else None
         if queries:  # credentials in the query string: not something a kubeconfig does
-            pool = None
+            pool = manager = None
+        if pool is not None:
+            deadlines.track(pool)
         # What the client's PoolManager gave the pool: Configuration.retries, if set.
         retries = pool.retries if pool is not None else None
-        return Route(pool, parse_url(str(api_client.configuration.host)).path or "",
-                     headers, retries, now + self._refresh_every)
+        host = parse_url(str(api_client.configuration.host))
+        return Route(pool, host.path or "", manager,
+                     f"{host.scheme}://{host.netloc}", headers, retries,
+                     now + self._refresh_every)
 
-    def _timeout(self, seconds: float, connect_within: float | None) -> urllib3.Timeout:
-        if connect_within is not None:
-            return urllib3.Timeout(total=seconds, connect=min(seconds, connect_within))
+    def _timeout(self, seconds: float, deadline: bool) -> urllib3.Timeout:
+        if deadline:  # a remainder: not kept
+            return urllib3.Timeout(total=seconds)
         timeout = self._timeouts.get(seconds)
         if timeout is None:
             # total, like the client's REST layer: connect + read together
@@ -162,21 +175,34 @@ class LeanTransport:
         return timeout
 
     def send(self, route: Route, method: str, path: str, query: str, *, body: bytes | None,
-             content_type: str | None, timeout: float, connect_within: float | None = None,
-             ) -> tuple[int, bytes, Mapping[str, str]]:
-        """One request on ``route`` (which has a pool); the status, body and headers.
+             content_type: str | None, timeout: float, deadline: bool = False,
+             once: bool = False) -> tuple[int, bytes, Mapping[str, str]]:
+        """One request on ``route`` (which has a pool, or a ProxyManager if ``deadline``);
+        the status, body and headers.
 
-        ``connect_within``: send it at most once (no urllib3 retry), connecting within
-        that many seconds or not at all (a write that the write gate let through).
+        ``deadline``: ``timeout`` bounds the whole request (the watchdog aborts it then),
+        not each socket operation. ``once``: no urllib3 retry re-sends it.
         """
         headers = route.headers
         if content_type is not None:
             headers = {**headers, "Content-Type": content_type}
         url = route.prefix + path + ("?" + query if query else "")
         urlopen = functools.partial(self._urlopen, method=method, url=url, body=body,
-                                    headers=headers, timeout=self._timeout(timeout,
-                                                                           connect_within),
-                                    once=connect_within is not None)
+                                    headers=headers, timeout=self._timeout(timeout, deadline),
+                                    once=once)
+        if not deadline:
+            return self._send(route, urlopen, method, path)
+        with deadlines.within(timeout) as bound:
+            try:
+                return self._send(route, urlopen, method, path)
+            except TransportError:
+                if bound.expired:
+                    raise TransportError(f"{method} {path}: no answer within {timeout:.1f}s, "
+                                         "connection aborted") from None
+                raise
+
+    def _send(self, route: Route, urlopen: Callable[[Route], urllib3.BaseHTTPResponse],
+              method: str, path: str) -> tuple[int, bytes, Mapping[str, str]]:
         try:
             try:
                 response = urlopen(route)
@@ -201,9 +227,16 @@ class LeanTransport:
     def _urlopen(route: Route, *, method: str, url: str, body: bytes | None,
                  headers: Mapping[str, str], timeout: urllib3.Timeout,
                  once: bool) -> urllib3.BaseHTTPResponse:
-        assert route.pool is not None
         # Redirects are not followed (the client's PoolManager does not either: its
         # Retry has redirect=0 and hands the 3xx back).
+        if route.pool is None:
+            assert route.manager is not None
+            full = route.origin + url
+            deadlines.track(route.manager.connection_from_url(full))
+            # Behind a proxy: the client's Retry policy is the manager's, unless once.
+            return route.manager.urlopen(method, full, body=body, headers=dict(headers),
+                                         retries=False if once else None, redirect=False,
+                                         timeout=timeout, preload_content=True)
         return route.pool.urlopen(method, url, body=body, headers=headers,
                                   retries=False if once else route.retries, redirect=False,
                                   timeout=timeout, preload_content=True)
