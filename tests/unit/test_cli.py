@@ -24,6 +24,7 @@ from fake_apiserver import Canned, FakeApiServer, Recorded, kubeconfig_for
 from himitsu_controller import __version__, api, cli, kube
 from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.kubeconfig import ConfigError
+from himitsu_controller.runtime.leaderelection import LeaderElector
 from himitsu_controller.runtime.metrics import REGISTRY
 from himitsu_controller.runtime.rest import RestClient
 
@@ -91,6 +92,72 @@ def test_run_sends_reconcile_events_through_the_recorder_and_stops_it(tmp_path: 
     # Sent on the recorder's own client: its own limiter, its own user agent.
     assert post.headers["user-agent"] == f"himitsu-controller/{__version__} events"
     assert recorder_threads() - before == set(), "the recorder outlived cli.run"
+
+
+@pytest.mark.timeout(90)
+def test_run_hands_one_write_gate_to_the_reconcile_client_the_recorder_and_the_elector(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --leader-elect, reconcile writes and Events go out only while the elector
+    vouches for the Lease: all three must share the one gate the elector opens."""
+    gates: dict[str, Any] = {}
+
+    class RecordingRestClient(RestClient):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            agent = str(kwargs.get("user_agent") or "")
+            role = agent.rsplit(" ", 1)[-1] if " " in agent else "reconcile"
+            gates[role] = kwargs.get("write_gate")
+
+    class RecordingElector(LeaderElector):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            gates["elector"] = self.gate
+
+    monkeypatch.setattr(cli, "RestClient", RecordingRestClient)
+    monkeypatch.setattr(cli, "LeaderElector", RecordingElector)
+    server = HimitsuApiServer().start()
+    try:
+        args = cli.build_parser().parse_args([
+            "--kubeconfig", str(kubeconfig_for(server, tmp_path / "kc")), "--leader-elect",
+            "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+            "--log-level", "warning", "--graceful-shutdown-timeout", "5s"])
+        stop = threading.Event()
+        runner = threading.Thread(target=lambda: cli.run(args, stop=stop), daemon=True)
+        runner.start()
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while "elector" not in gates:
+                assert runner.is_alive(), "cli.run ended before the elector was built"
+                assert time.monotonic() < deadline, "no elector was built"
+                stop.wait(0.01)
+        finally:
+            stop.set()
+            runner.join(TIMEOUT)
+    finally:
+        server.stop()
+    assert set(gates) == {"reconcile", "events", "leader-election", "elector"}
+    assert gates["leader-election"] is None  # the elector's own client is not gated
+    assert gates["reconcile"] is not None
+    assert gates["reconcile"] is gates["events"] is gates["elector"]
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_duration_that_is_not_whole_seconds_stops_the_operator_with_one_line(
+        tmp_path: Path) -> None:
+    server = HimitsuApiServer().start()
+    try:
+        args = cli.build_parser().parse_args([
+            "--kubeconfig", str(kubeconfig_for(server, tmp_path / "kc")), "--leader-elect",
+            "--leader-election-lease-duration", "3.5s",
+            "--leader-election-renew-deadline", "3s",
+            "--leader-election-retry-period", "1s",
+            "--metrics-bind-address", "0", "--health-probe-bind-address", "0"])
+        stopped = threading.Event()
+        stopped.set()  # were it accepted, the operator would stop at once
+        with pytest.raises(ConfigError, match="whole seconds"):
+            cli.run(args, stop=stopped)
+    finally:
+        server.stop()
 
 
 # --- where tokens may go: checked at start ---------------------------------------------------

@@ -23,8 +23,14 @@ The algorithm is client-go's (tools/leaderelection):
   each successful acquire or renewal, and closed at once on a loss or a release: the
   reconcilers' writes stop before a standby may take the Lease even when this thread is
   stuck.
+  A write the gate admits must be over half-way between the gate closing and the
+  earliest takeover (the watchdog of ``deadline.py`` aborts it then).
 * On a requested stop the leader releases the Lease (no holder, leaseDurationSeconds 1,
-  transitions kept), so a standby takes over on its next retry.
+  transitions kept), so a standby takes over on its next retry; but only once no write
+  the gate admitted is in flight and none went unanswered within a lease duration:
+  otherwise it lets the Lease expire, which gives such a write that long to land.
+* The Lease stores whole seconds (leaseDurationSeconds): a lease duration that is not
+  a whole number of seconds is refused, not truncated under the gate's feet.
 
 Use a RestClient of its own (not the one the controllers share), so renewals never queue
 behind a burst of ordinary requests in the client-side rate limiter, and one with no
@@ -59,8 +65,13 @@ log = structlog.get_logger(__name__)
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 # client-go's wait.JitterUntil factor for the acquire loop.
 JITTER_FACTOR = 1.2
-# The release on shutdown is a courtesy (the Lease expires anyway): it gets this long.
+# The release on shutdown is a courtesy (the Lease expires anyway): it gets this long,
+# after waiting at most SETTLE_TIMEOUT for admitted writes still in flight.
 RELEASE_TIMEOUT = 2.0
+SETTLE_TIMEOUT = 1.0
+# Of lease_duration - renew_deadline, the share an admitted write may still run after
+# the gate closed; the rest is margin before the earliest takeover.
+WRITE_OVERRUN_SHARE = 0.5
 
 
 def default_identity() -> str:
@@ -84,6 +95,9 @@ class LeaderElectionConfig:
             raise ValueError("leader election needs an identity")
         if min(self.lease_duration, self.renew_deadline, self.retry_period) <= 0:
             raise ValueError("lease duration, renew deadline and retry period must be > 0")
+        if self.lease_duration != int(self.lease_duration):
+            raise ValueError(f"lease duration must be whole seconds (the Lease stores "
+                             f"leaseDurationSeconds), not {self.lease_duration:g}s")
         if self.lease_duration <= self.renew_deadline:
             raise ValueError("lease duration must be greater than the renew deadline")
         if self.renew_deadline <= JITTER_FACTOR * self.retry_period:
@@ -183,15 +197,17 @@ class LeaderElector:
         self._set_leading(True)
         log.info("became leader", lease=self._lease_name(), identity=self.config.identity)
         try:
-            self._on_started_leading()
-        except Exception:
-            log.exception("on_started_leading failed: giving up leadership")
-            self.gate.close()
-            self._set_leading(False)
-            self._call_stopped()
-            return False
-        stopped = self._renew_loop(stop)
-        self.gate.close()  # before anything else: no write from here on
+            try:
+                self._on_started_leading()
+            except Exception:
+                log.exception("on_started_leading failed: giving up leadership")
+                self.gate.close()
+                self._set_leading(False)
+                self._call_stopped()
+                return False
+            stopped = self._renew_loop(stop)
+        finally:
+            self.gate.close()  # before anything else, however we leave: no write from here
         self._set_leading(False)
         if stopped:
             self._release()
@@ -269,6 +285,16 @@ class LeaderElector:
     def _release(self) -> None:
         observed = self._observed
         if observed is None or not self._holds(observed) or self._lease is None:
+            return
+        # A release lets a standby lead at once: not while a write we let through may
+        # still land. Expiry gives such a write lease_duration after our last renewal.
+        if not self.gate.settle(SETTLE_TIMEOUT):
+            log.warning("not releasing the lease: writes still in flight, it expires instead",
+                        lease=self._lease_name(), in_flight=self.gate.in_flight)
+            return
+        if self.gate.unanswered_within(self.config.lease_duration):
+            log.warning("not releasing the lease: a write got no answer, it expires instead",
+                        lease=self._lease_name())
             return
         stamp = micro_time(self._wall_clock())
         released = _Record("", 1, stamp, stamp, observed.transitions)
@@ -350,7 +376,9 @@ class LeaderElector:
             # No standby saw this record before it was sent, so none may take the Lease
             # before sent + lease_duration; we write until sent + renew_deadline.
             self._renewed_at = sent
-            self.gate.open_until(sent + self.config.renew_deadline)
+            closes = sent + self.config.renew_deadline
+            margin = self.config.lease_duration - self.config.renew_deadline
+            self.gate.open_until(closes, writes_end=closes + margin * WRITE_OVERRUN_SHARE)
 
     def _observe(self, spec: Mapping[str, Any]) -> _Record:
         """Adopt the server's record; restart our lease timer only if it changed."""

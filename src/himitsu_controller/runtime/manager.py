@@ -9,7 +9,8 @@ Why the order matters (controller-runtime's manager, done with plain threads):
    replica leads, so two replicas never write the same objects;
 4. on stop (SIGTERM/SIGINT or ``request_stop``): workers drain first, then queued Events
    are flushed, *then* the Lease is released (a standby taking over must not overlap
-   our last writes, Events included: the write gate closes with the release), then
+   our last writes, Events included: the write gate closes first, and a write it let
+   through still in flight makes the elector leave the Lease to expire instead), then
    informers and servers stop. ``graceful_shutdown_timeout`` bounds all of it
    (``shutdown.Budget``): the drain gets what is left after a reserve for the later
    steps, each of which has a cap of its own. Exit code 0, or 1 if the drain did not
@@ -57,7 +58,7 @@ _SYNC_POLL_INTERVAL = 0.1
 _SIGNAL_POLL_INTERVAL = 0.5
 # Caps of the shutdown steps after the drain (seconds; all within the one budget).
 EVENT_FLUSH_TIMEOUT = 2.0  # Events still queued get this long to reach the apiserver
-LEASE_RELEASE_TIMEOUT = 3.0  # the elector's release request is bounded at 2 s itself
+LEASE_RELEASE_TIMEOUT = 3.0  # the elector: 1 s for admitted writes to settle, 2 s to release
 INFORMER_STOP_TIMEOUT = 2.0
 SHUTDOWN_RESERVE = EVENT_FLUSH_TIMEOUT + LEASE_RELEASE_TIMEOUT + INFORMER_STOP_TIMEOUT
 # Stopping the HTTP servers, outside the budget: each returns within a poll interval.
@@ -376,7 +377,8 @@ class Manager:
         return self._events is None or self._events.stop(seconds)
 
     def _release_lease(self, seconds: float) -> bool:
-        self._elector_stop.set()  # releases the Lease, now that no worker is writing
+        # The elector closes the gate, waits for writes it let through, then releases.
+        self._elector_stop.set()
         threads = [] if self._elector_thread is None else [self._elector_thread]
         return join_all(threads, seconds)
 
