@@ -34,7 +34,13 @@ from typing import Any, Protocol
 
 from himitsu_controller import api
 from himitsu_controller.runtime.events import EVENTS, EventSink, build_event
-from himitsu_controller.runtime.rest import ApiError, Resource, RestClient, TransportError
+from himitsu_controller.runtime.rest import (
+    ApiError,
+    Resource,
+    RestClient,
+    TransportError,
+    WriteRefused,
+)
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound, SecretValue
 
 SECRETS = Resource("", "v1", "secrets")
@@ -98,6 +104,9 @@ class KubeClient:
         """One apiserver call; an unreachable apiserver becomes a KubeError like any refusal."""
         try:
             return self._rest.request(method, path, **kwargs)
+        except WriteRefused:  # not sent: the write gate closed (the Lease may be another's)
+            raise KubeError(f"{method} {_object_of(path)}: not the leader any more: write "
+                            "refused", status=0, reason="NotLeader") from None
         except TransportError:
             raise KubeError(f"{method} {_object_of(path)}: Kubernetes API unreachable",
                             status=0, reason="Unreachable") from None

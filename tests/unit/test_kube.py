@@ -21,7 +21,7 @@ import pytest
 from himitsu_controller import api, kube
 from himitsu_controller.kube import TOKEN_TTL, KubeClient
 from himitsu_controller.runtime.events import EventRecorder
-from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
+from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError, WriteRefused
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
 
 SECRET_PATH = "/api/v1/namespaces/apps/secrets/app-secrets"
@@ -526,6 +526,16 @@ def test_an_unreachable_apiserver_names_the_object_not_the_namespace(
             h.client.patch_status("apps", "app", {"x": 1})
     assert str(info.value) == f"{named}: Kubernetes API unreachable"
     assert info.value.reason == "Unreachable"
+
+
+def test_a_write_the_gate_refused_says_not_the_leader_not_unreachable(h: Harness) -> None:
+    """WriteRefused is a TransportError to the runtime; in status and logs it must not read
+    as an apiserver outage."""
+    h.rest.answer("PUT", SECRET_PATH, WriteRefused("PUT ...: not sent"))
+    with pytest.raises(KubeError) as info:
+        h.client.update_secret("apps", secret())
+    assert str(info.value) == "PUT secrets/app-secrets: not the leader any more: write refused"
+    assert info.value.reason == "NotLeader"
 
 
 # --- memory follows live objects -----------------------------------------------------------
