@@ -8,13 +8,21 @@ must be over before a standby may take the Lease, and an elector's request must 
 within the renew deadline. So such a request runs under a ``Deadline``; when it passes,
 one watchdog thread aborts every connection the request used:
 
-* ``SO_LINGER`` 0, then ``shutdown``: the blocked thread wakes at once (whatever it was
-  doing: TLS handshake, send, receive) and urllib3 closes the connection, which with
-  linger 0 sends a reset and drops what is still queued in our socket buffers, so
-  bytes not yet acknowledged are never delivered later when the network comes back.
-  Bytes already acknowledged (by the apiserver, or a proxy in between) are beyond recall;
+* the connection is reset at once, by the watchdog itself: on Linux ``connect`` with
+  ``AF_UNSPEC`` (the kernel's tcp_disconnect: a reset goes out and whatever our socket
+  buffers still hold is dropped), so bytes not yet acknowledged are never delivered
+  later when the network comes back, and the blocked thread wakes with an error
+  (whatever it was doing: TLS handshake, send, receive). Not waiting for that thread to
+  close the socket matters: a close can be put off while a response object still holds
+  the socket, and meanwhile the kernel would keep retransmitting. Elsewhere:
+  ``SO_LINGER`` 0 and ``shutdown``, and the reset comes with the close. Bytes already
+  acknowledged (by the apiserver, or a proxy in between) are beyond recall;
 * a connection made after the deadline passed is aborted as soon as it is made: the
   request is never written on it.
+
+* when the process exits (``atexit``), every request still running is aborted the same
+  way: the kernel would otherwise close its socket gracefully and go on retransmitting
+  what it holds, for minutes, on behalf of a process that is gone.
 
 How the watchdog finds the connection: ``track(pool)`` wraps the pool's ``_get_conn``
 (urllib3 2.x; the connection's ``sock`` is the socket, set before the TLS handshake), so
@@ -23,11 +31,14 @@ a request running under a deadline in this thread records each connection it tak
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import heapq
 import itertools
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,9 +56,30 @@ class DeadlineExceeded(TimeoutError):
     """A connection was made after the request's overall deadline: nothing was sent."""
 
 
+class _SockAddr(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_char * 14)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_UNSPEC = _SockAddr(socket.AF_UNSPEC)
+
+
+def _reset_now(sock: socket.socket) -> bool:
+    """Linux: dissolve the connection (a reset, queues dropped, waiters woken)."""
+    if _LIBC is None:
+        return False
+    fd = sock.fileno()
+    if fd < 0:
+        return False
+    return int(_LIBC.connect(fd, ctypes.byref(_UNSPEC), ctypes.sizeof(_UNSPEC))) == 0
+
+
 def _abort(sock: socket.socket) -> None:
     with contextlib.suppress(OSError, ValueError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
+    with contextlib.suppress(OSError, ValueError):
+        if _reset_now(sock):
+            return
     with contextlib.suppress(OSError, ValueError):
         # The plain socket's shutdown, also for an SSLSocket: its own drops the SSL
         # object under the thread that is using it.
@@ -125,6 +157,13 @@ class _Watchdog:
             if self._heap[0][2] is deadline:
                 self._cond.notify()
 
+    def abort_all(self) -> None:
+        """Abort every request still running, whatever its deadline (process exit)."""
+        with self._cond:
+            pending = [deadline for _, _, deadline in self._heap]
+        for deadline in pending:
+            deadline.fire()
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -137,6 +176,7 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+atexit.register(_WATCHDOG.abort_all)
 
 
 def track(pool: Any) -> None:

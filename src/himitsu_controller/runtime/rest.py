@@ -9,7 +9,8 @@ Ordinary requests take the lean path of ``transport.LeanTransport``: the ApiClie
 pool for the apiserver, with headers and credentials rebuilt once a second instead of per
 request (in the operator's steady state the request round trip was about half its CPU,
 much of it the client's per-request preparation; bench/rest_cost.py measures it). Watches,
-and every request behind a proxy, go through ``ApiClient.param_serialize`` (which applies
+and behind a proxy every request but gated writes and deadline requests (which go through
+the client's ProxyManager), go through ``ApiClient.param_serialize`` (which applies
 the auth settings, calling the token refresh hook) and ``ApiClient.call_api``, which
 hands back the raw urllib3 response (the 37.x REST layer opens it with
 ``preload_content=False``).

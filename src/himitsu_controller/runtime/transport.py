@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import structlog
 import urllib3
 from kubernetes import client as k8s
 from urllib3.util import parse_url
@@ -49,6 +50,8 @@ from . import deadline as deadlines
 from .apierrors import TransportError, describe_exception
 
 __all__ = ["LeanTransport", "Route", "apiserver_pool", "encode_body"]
+
+log = structlog.get_logger(__name__)
 
 JSON = "application/json"
 # How long the headers (credentials) and the pool are used before being built again.
@@ -197,6 +200,8 @@ class LeanTransport:
                 return self._send(route, urlopen, method, path)
             except TransportError:
                 if bound.expired:
+                    log.warning("request aborted at its deadline", method=method, path=path,
+                                seconds=round(timeout, 2))
                     raise TransportError(f"{method} {path}: no answer within {timeout:.1f}s, "
                                          "connection aborted") from None
                 raise
