@@ -10,7 +10,13 @@ the apiserver through this proxy; the test can then
   closed: the process sees requests that never get an answer;
 * ``cut()``: reset every connection accepted so far (their peers see a reset; what was
   sent into them while frozen never reaches the apiserver, as after a partition that
-  outlived the connections) and forward new connections again.
+  outlived the connections) and forward new connections again;
+* ``thaw()``: the network comes back, nothing is reset. What a side sent while frozen
+  stands for bytes a real partition left unacknowledged in the sender's buffers: they
+  are delivered now (TCP retransmits them), unless the sender reset the connection
+  meanwhile (a close with linger 0 drops them), in which case the pair is reset. The
+  proxy cannot stop its kernel from accepting those bytes, so it decides on thaw: it
+  drains them, and forwards them only if no reset came after.
 
 Bytes are relayed as they are (TLS passes through end to end). Loopback only; every
 thread is a daemon and ``stop()`` closes every socket.
@@ -49,9 +55,16 @@ class _Pair:
                 sock.close()
 
     def pump(self, src: socket.socket, dst: socket.socket) -> None:
+        held = False  # frozen since the last read: what waits was sent while frozen
         while not self.closed.is_set():
             if self.frozen:  # read nothing: the sender's bytes wait in socket buffers
+                held = True
                 self.closed.wait(POLL)
+                continue
+            if held:
+                held = False
+                if not self._deliver_held(src, dst):
+                    break
                 continue
             try:
                 ready, _, _ = select.select([src], [], [], POLL)
@@ -64,6 +77,38 @@ class _Pair:
             except (OSError, ValueError):  # closed under us
                 break
         self.close()
+
+
+    def _deliver_held(self, src: socket.socket, dst: socket.socket) -> bool:
+        """Forward what ``src`` sent while frozen, unless it reset the connection since
+        (then reset the pair); False when the pump is done."""
+        data, reset, eof = b"", False, False
+        try:
+            src.setblocking(False)
+            while True:
+                try:
+                    chunk = src.recv(CHUNK)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    eof = True
+                    break
+                data += chunk
+            # A reset after a FIN leaves no error to recv: it shows in SO_ERROR.
+            reset = src.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
+            src.settimeout(None)
+        except (OSError, ValueError):
+            reset = True
+        if reset:
+            self.close(reset=True)
+            return False
+        try:
+            if data:
+                dst.sendall(data)
+        except (OSError, ValueError):
+            self.close(reset=True)
+            return False
+        return not eof
 
 
 class FreezableProxy:
@@ -98,6 +143,12 @@ class FreezableProxy:
             self._frozen = True
             for pair in self._pairs:
                 pair.frozen = True
+
+    def thaw(self) -> None:
+        with self._lock:
+            self._frozen = False
+            for pair in self._pairs:
+                pair.frozen = False
 
     def cut(self) -> None:
         with self._lock:

@@ -15,7 +15,8 @@ both replicas' would-be writes (Secrets, status, Events) coming, and then
 
 And when only the leader's connections hang (a proxy in front of the apiserver for that
 process freezes), it stops writing before its Lease can be taken, gives up within the
-renew deadline, and writes nothing once its network comes back.
+renew deadline, and writes nothing once its network comes back: reset, or restored
+with whatever it had queued (it must have aborted its hung writes by then).
 """
 
 from __future__ import annotations
@@ -251,15 +252,24 @@ def _logged_at(record: dict[str, object]) -> float:
     return datetime.fromisoformat(str(record["timestamp"]).replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.parametrize("comeback", ["cut", "thaw"])
 def test_a_leader_whose_connections_hang_writes_nothing_once_its_lease_can_be_taken(
-        h: Harness, ns: str, cluster: Cluster, replicas: Replicas, proxied: Proxied) -> None:
+        h: Harness, ns: str, cluster: Cluster, replicas: Replicas, proxied: Proxied, *,
+        comeback: str) -> None:
     """Only the leader's connections hang, the standby's work; later they come back.
 
     The leader's renewals get no answer, nor do its reconciles' writes. It must stop
     writing before the standby may take the Lease (renew deadline after its last renewal
-    was sent) and give up within the renew deadline however its requests hang. Then the
-    proxy resets the hung connections and forwards new ones: a leader that still thought
-    it led (its renewals waiting out retries) would now write next to the new one.
+    was sent) and give up within the renew deadline however its requests hang. Then its
+    network comes back, in one of two ways:
+
+    * ``cut``, once the new leader wrote: the hung connections are reset and new ones
+      forwarded; a leader that still thought it led (its renewals waiting out retries)
+      would now write next to the new one;
+    * ``thaw``, as soon as the standby leads: nothing is reset, and whatever the old
+      leader had queued on its hung connections is delivered, unless it aborted them:
+      a write it let through and then left waiting would land after the takeover. Its
+      writes must all have been aborted (reset) before the Lease could be taken.
     """
     assert cluster.audit_log_path is not None
     audit = AuditLog(cluster.audit_log_path)
@@ -280,9 +290,12 @@ def test_a_leader_whose_connections_hang_writes_nothing_once_its_lease_can_be_ta
     frozen_at = time.time()
     wait_for(lambda: leading(standby, lease), timeout=TAKEOVER_AFTER_KILL,
              what="the standby to take over from the leader whose connections hang")
+    if comeback == "thaw":
+        proxied.proxy.thaw()  # the old leader's network is back, nothing reset
     wait_for(lambda: any(e.user == new for e in audit.writes(ns, user_prefix=new)),
              timeout=30, what="the new leader's first write")
-    proxied.proxy.cut()  # the old leader's network is back
+    if comeback == "cut":
+        proxied.proxy.cut()  # the old leader's network is back
     exit_code = leader.proc.wait(timeout=60)
     assert exit_code != 0
     exited = time.time()
@@ -291,8 +304,16 @@ def test_a_leader_whose_connections_hang_writes_nothing_once_its_lease_can_be_ta
              timeout=30, what="a write of the new leader after the old one exited")
     writes = audit.writes(ns, user_prefix=operator_user(""))
     users = [era[0].user for era in _eras(writes)]
+    taken = min(e.completed for e in audit.writes(cluster_setup.OPERATOR_NAMESPACE,
+                                                  resource="leases")
+                if e.user == new and e.name == lease)
+    late = [(e.verb, e.resource, e.name, round(e.received - taken, 2)) for e in writes
+            if e.user == old and e.completed > taken]
+    assert not late, f"the old leader's writes landed after the standby took the Lease: {late}"
     assert users == [old, new], (
         f"the leader whose connections hung wrote after the new leader began: {users}")
     (lost,) = log_events(leader, "leadership lost: could not renew the lease in time")
-    print(f"leader stopped leading {_logged_at(lost) - frozen_at:.1f} s after its "
-          f"connections hung (lease {SHORT_LEASE[0]}, renew deadline {SHORT_LEASE[1]})")
+    last_old = max((e.completed for e in writes if e.user == old), default=frozen_at)
+    print(f"{comeback}: leader stopped leading {_logged_at(lost) - frozen_at:.1f} s after its "
+          f"connections hung (lease {SHORT_LEASE[0]}, renew deadline {SHORT_LEASE[1]}); "
+          f"its last write completed {taken - last_old:.2f} s before the takeover")
