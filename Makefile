@@ -95,14 +95,17 @@ uninstall: ## Delete the CRD (and with it every HimitsuSecret)
 	$(KUBECTL) delete --ignore-not-found -f deploy/crd/himitsu.io_himitsusecrets.yaml
 
 .PHONY: deploy
+# $(value): the text as given, so a $(...) in it is refused below, never expanded by make.
+deploy: override export HIMITSU_API_URLS := $(value HIMITSU_API_URLS)
 deploy: ## Apply CRD, RBAC and the operator (kustomize: deploy/); HIMITSU_API_URLS=https://... required
-	@if [ -z '$(strip $(HIMITSU_API_URLS))' ]; then \
+	@# The value reaches the shell through the environment only, never as recipe text.
+	@case "$$HIMITSU_API_URLS" in *[!,]*) ;; *) \
 	  echo "make deploy: set HIMITSU_API_URLS to your Himitsu API URL(s), comma-separated: the operator sends tokens there and nowhere else, e.g." >&2; \
-	  echo "  make deploy HIMITSU_API_URLS=https://himitsu.example.com" >&2; exit 2; fi
-	@case '$(HIMITSU_API_URLS)' in *[!A-Za-z0-9.:/,_~[\]-]*) \
+	  echo "  make deploy HIMITSU_API_URLS=https://himitsu.example.com" >&2; exit 2;; esac
+	@case "$$HIMITSU_API_URLS" in *[!A-Za-z0-9.:/,_~[\]-]*) \
 	  echo "make deploy: HIMITSU_API_URLS may hold only URLs (letters, digits and .:/,_~[]-)" >&2; exit 2;; esac
 	set -o pipefail; $(KUBECTL) kustomize deploy/ \
-	  | sed 's|$(API_URLS_PLACEHOLDER)|$(HIMITSU_API_URLS)|' | $(KUBECTL) apply -f -
+	  | sed "s|$(API_URLS_PLACEHOLDER)|$$HIMITSU_API_URLS|" | $(KUBECTL) apply -f -
 
 .PHONY: undeploy
 undeploy: ## Remove what `make deploy` applied

@@ -145,10 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_argument("--kube-api-burst", type=_positive_int, default=300,
                      help="client-side burst towards kube-apiserver")
     hm = p.add_argument_group("Himitsu API")
-    hm.add_argument("--allowed-api-urls", default="",
+    hm.add_argument("--allowed-api-urls", default=None,
                     help="comma-separated Himitsu URL prefixes a HimitsuSecret's apiUrl must "
-                         "be under (set it in production: empty lets any HimitsuSecret send "
-                         "its token anywhere, and says so in a warning and a metric)")
+                         "be under (set it in production: without the flag any HimitsuSecret "
+                         "may send its token anywhere, and a warning and a metric say so; "
+                         "given but empty, the operator refuses to start)")
     hm.add_argument("--allow-insecure-http", action="store_true",
                     help="accept plain http:// apiUrls (tokens in clear text: a loopback or "
                          "in-cluster test server only)")
@@ -240,8 +241,16 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
 
 def _allowed_api_urls(args: argparse.Namespace) -> list[str]:
     """The --allowed-api-urls entries, checked: ConfigError (one line, exit 1) for the
-    install placeholder, an entry that is not a URL, or plain http without the flag."""
-    entries = [e.strip() for e in args.allowed_api_urls.split(",") if e.strip()]
+    install placeholder, a list with no entry, an entry that is not a URL, or plain http
+    without the flag. Unrestricted only when the flag is absent: an empty value is an
+    install gone wrong (``make deploy HIMITSU_API_URLS=,``), never a choice."""
+    given: str | None = args.allowed_api_urls
+    entries = [e.strip() for e in (given or "").split(",") if e.strip()]
+    if given is not None and not entries:
+        raise ConfigError(
+            f"--allowed-api-urls {given[:100]!r} holds no URL: set it to your Himitsu API "
+            "URL(s), comma-separated, or leave the flag out to accept any URL (not for "
+            "production)")
     if API_URLS_PLACEHOLDER in entries:
         raise ConfigError(
             f"--allowed-api-urls is still the install placeholder {API_URLS_PLACEHOLDER}: set "

@@ -169,7 +169,6 @@ def unrestricted_gauge() -> float | None:
 
 @pytest.mark.parametrize(("flags", "warned", "gauge"), [
     ([], True, 1.0),
-    (["--allowed-api-urls", " "], True, 1.0),
     (["--allowed-api-urls", "https://himitsu.example.com,https://b.example/himitsu"],
      False, 0.0),
 ])
@@ -191,6 +190,10 @@ def test_running_without_an_allow_list_warns_and_says_so_in_a_metric(
     (["--allowed-api-urls", "http://himitsu.example.com"], "--allow-insecure-http"),
     (["--allowed-api-urls", "https://himitsu.example.com/a/../b"], "entry"),
     (["--allowed-api-urls", "himitsu.example.com"], "https:// or http://"),
+    # Given but empty is an install gone wrong (HIMITSU_API_URLS=,), not "unrestricted".
+    (["--allowed-api-urls="], "holds no URL"),
+    (["--allowed-api-urls", " "], "holds no URL"),
+    (["--allowed-api-urls", ", ,"], "holds no URL"),
 ])
 def test_an_unusable_allow_list_stops_the_operator_with_one_line(
     tmp_path: Path, flags: list[str], said: str,

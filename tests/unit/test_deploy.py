@@ -410,6 +410,21 @@ def test_make_deploy_without_the_urls_fails_with_a_clear_message(tmp_path: Path)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_deploy_needs_one_url_and_runs_nothing_it_is_given(tmp_path: Path) -> None:
+    """`,` would render `value: ,`, which the operator reads as no list at all (it would
+    start unrestricted); a quote or a `$(...)` in the value must not become recipe text."""
+    marker = tmp_path / "PWNED"
+    for value in (",", ",,", f"https://h.example.com' ]; touch {marker}; [ '",
+                  f'https://h.example.com"; touch {marker}; "',
+                  f"https://h.example.com$(shell touch {marker})"):
+        result, applied = _make_deploy(tmp_path, f"HIMITSU_API_URLS={value}")
+        assert result.returncode != 0, value
+        assert "make deploy: " in result.stderr and "HIMITSU_API_URLS" in result.stderr
+        assert not applied.exists(), f"kubectl was run for {value!r}"
+        assert not marker.exists(), f"{value!r} ran a command"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_deploy_fills_in_the_urls(tmp_path: Path) -> None:
     urls = "https://himitsu.example.com,https://[::1]:8443/himitsu"
     result, applied = _make_deploy(tmp_path, f"HIMITSU_API_URLS={urls}")
