@@ -44,6 +44,12 @@ ANN_FORCE_SYNC = "himitsu.io/force-sync"
 # token may be sent to (narrower than --allowed-api-urls, never wider).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
 
+# Template keys the operator refuses: its own stamps and a token Secret's binding live
+# under himitsu.io/ (so does managed-by's say on who created a Secret). A HimitsuSecret
+# author writing them onto a Merge target could rebind another team's token, or make a
+# Secret look created by the operator (an Owner policy would then replace its data).
+_RESERVED_KEY_RE = re.compile(r"^([^/]*[.])?himitsu[.]io/")
+
 FORMATS = ("KeyValue", "Dotenv", "Json")
 POLICIES = ("Owner", "Merge")
 DEFAULT_REFRESH_SECONDS = 60.0
@@ -373,11 +379,26 @@ def _is_qualified_name(key: str) -> bool:
     return len(name) <= 63 and bool(_QUALIFIED_NAME_RE.fullmatch(name))
 
 
+def is_reserved_key(key: str) -> bool:
+    """A label or annotation key only the operator, or a token Secret's owner, writes:
+    anything under ``himitsu.io/`` (or a subdomain of it) and ``app.kubernetes.io/managed-by``."""
+    return key == LABEL_MANAGED_BY or bool(_RESERVED_KEY_RE.match(key))
+
+
+def _refuse_reserved(key: str, where: str) -> None:
+    if is_reserved_key(key):
+        raise InvalidSpec(
+            f"{where} key {_show(key)} is reserved: himitsu.io/ keys and "
+            f"{LABEL_MANAGED_BY} are written by himitsu-operator (and a token Secret's "
+            "owner) only; use a key under a domain of your own")
+
+
 def _labels(value: Any) -> dict[str, str]:
     labels = _string_map(value, "target.template.labels")
     for key, text in labels.items():
         if not _is_qualified_name(key):
             raise InvalidSpec(f"target.template.labels key {_show(key)} is not a valid label key")
+        _refuse_reserved(key, "target.template.labels")
         if len(text) > 63 or not _LABEL_VALUE_RE.fullmatch(text):
             raise InvalidSpec(
                 f"target.template.labels value {_show(text)} of {_show(key)} is not a valid "
@@ -392,6 +413,7 @@ def _annotations(value: Any) -> dict[str, str]:
         if not _is_qualified_name(key):
             raise InvalidSpec(
                 f"target.template.annotations key {_show(key)} is not a valid annotation key")
+        _refuse_reserved(key, "target.template.annotations")
     size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
     if size > MAX_ANNOTATIONS_BYTES:
         raise InvalidSpec("target.template.annotations exceed Kubernetes' 256 KiB limit")

@@ -20,7 +20,7 @@ from himitsu_controller import api
 
 from .harness import READY_TIMEOUT, Harness
 from .kind import KindLauncher
-from .kubehelp import wait_for
+from .kubehelp import ApiError, wait_for
 from .operator_proc import OperatorLauncher
 
 pytestmark = [pytest.mark.e2e]
@@ -104,4 +104,37 @@ def test_a_token_bound_to_himitsu_is_invalid_spec_elsewhere_and_never_sent(
     wait_for(lambda: [e for e in h.events(ns, "steal")
                       if (e["type"], e["reason"]) == ("Warning", "InvalidSpec")],
              timeout=READY_TIMEOUT, what="a Warning InvalidSpec Event for 'steal'")
+    assert catcher.seen == []
+
+
+def test_a_himitsu_secret_author_cannot_rebind_or_overwrite_a_token_secret(
+    operator: OperatorLauncher | KindLauncher, h: Harness, ns: str, catcher: Catcher,
+) -> None:
+    """The review's attack: team B (HimitsuSecrets, no Secret writes) Merges into team A's
+    token Secret with template annotation himitsu.io/allowed-api-urls, rebinding the token
+    to a URL of its own. The apiserver refuses such a template (the CRD's rule); a Merge
+    into a token Secret is TargetConflict and writes nothing to it."""
+    operator.start(f"--allowed-api-urls={h.standin.api_url},{catcher.url}", name="rebind")
+    env_a, _ = h.environment("API_KEY")
+    h.secret(ns, "team-a-token", {"token": h.token_for(env_a)},
+             annotations={api.ANN_ALLOWED_API_URLS: h.standin.api_url})
+    env_b, _ = h.environment("B_KEY")
+    h.secret(ns, "team-b-token", {"token": h.token_for(env_b)})
+    before = h.kube.secret(ns, "team-a-token")
+
+    for template in ({"annotations": {api.ANN_ALLOWED_API_URLS: catcher.url}},
+                     {"annotations": {api.ANN_ALLOWED_API_URLS: ""}},
+                     {"labels": {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}}):
+        with pytest.raises(ApiError) as info:
+            h.hsec(ns, "widen", env_b, target="team-a-token", policy="Merge",
+                   auth_name="team-b-token", **template)
+        assert info.value.status == 422 and "reserved" in info.value.message
+
+    h.hsec(ns, "merge", env_b, target="team-a-token", policy="Merge",
+           auth_name="team-b-token", annotations={"example.com/note": "x"})
+    h.wait_ready(ns, "merge", reason="TargetConflict", message_has="token Secret")
+    after = h.kube.secret(ns, "team-a-token")
+    assert after is not None and before is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert h.standin.requests_naming(env_b) == []  # refused before Himitsu is asked
     assert catcher.seen == []

@@ -250,6 +250,14 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "not a valid label value"),
     ("annotation key", make_obj(target={"name": "t", "template": {"annotations": {"/k": "v"}}}),
      "not a valid annotation key"),
+    ("reserved annotation", make_obj(target={"name": "t", "template": {"annotations": {
+        api.ANN_ALLOWED_API_URLS: "https://evil.example"}}}),
+     "target.template.annotations key 'himitsu.io/allowed-api-urls' is reserved"),
+    ("reserved label", make_obj(target={"name": "t", "template": {"labels": {
+        api.LABEL_MANAGED_BY: "himitsu-operator"}}}),
+     "target.template.labels key 'app.kubernetes.io/managed-by' is reserved"),
+    ("reserved subdomain", make_obj(target={"name": "t", "template": {"labels": {
+        "a.himitsu.io/k": "v"}}}), "is reserved"),
     ("annotations too big",
      make_obj(target={"name": "t", "template": {"annotations": {"k": "v" * 262_144}}}),
      "256 KiB"),

@@ -58,6 +58,9 @@ CEL_TWINS: dict[str, Callable[[Any], bool]] = {
     "duration(self) == duration('0s') || duration(self) >= duration('1s')": (
         lambda s: _go_seconds(s) == 0 or _go_seconds(s) >= 1
     ),
+    "self.all(k, k != 'app.kubernetes.io/managed-by' && !k.matches('^([^/]*[.])?himitsu[.]io/'))": (
+        lambda m: not any(api.is_reserved_key(k) for k in m)
+    ),
 }
 
 
@@ -452,6 +455,14 @@ def _mutated(change: Callable[[Any], None]) -> Any:
         (lambda s: s["target"].update(template={"key": "x.env"}), "only to the Dotenv"),
         (lambda s: s["target"].update(template={"labels": {"a": 1}}), "expected string"),
         (lambda s: s["target"].update(name="himitsu-token"), "must differ from"),
+        (lambda s: s["target"].update(template={"annotations": {
+            api.ANN_ALLOWED_API_URLS: "https://evil.example"}}), "reserved"),
+        (lambda s: s["target"].update(template={"annotations": {
+            "x.himitsu.io/a": ""}}), "reserved"),
+        (lambda s: s["target"].update(template={"labels": {
+            api.LABEL_MANAGED_BY: "himitsu-operator"}}), "reserved"),
+        (lambda s: s["target"].update(template={"labels": {
+            api.LABEL_MANAGED: "true"}}), "reserved"),
         (lambda s: s["authSecretRef"].update(namespace="other"), "namespace is not supported"),
         (lambda s: s["target"].update(namespace="other"), "spec.target.namespace: unknown"),
     ],

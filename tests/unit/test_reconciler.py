@@ -9,6 +9,7 @@ the world both run in is reconcile_world.py.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -613,6 +614,26 @@ def test_a_token_bound_to_its_url_syncs() -> None:
     world = World(apiUrl="https://himitsu.example.com/team-a/")
     bind_token(world, "https://HIMITSU.example.com:443/team-a")
     world.sync(5)
+
+
+def test_a_merge_into_another_teams_token_secret_writes_nothing() -> None:
+    """Team B may create HimitsuSecrets, not write Secrets: its Merge target is team A's
+    token Secret. Nothing is written there (the reviewer's attack wrote a template
+    annotation rebinding the token); the binding and the token stay as their owner left
+    them."""
+    world = World(policy="Merge")
+    victim = {"metadata": {"namespace": NS, "name": TARGET, "annotations": {
+        api.ANN_ALLOWED_API_URLS: "https://himitsu.example.com"}},
+        "type": "Opaque", "data": {"token": b64(TOKEN)}}
+    world.kube.put_secret(copy.deepcopy(victim))
+    writes = world.kube.writes()
+    result = world.reconcile()  # refused before Himitsu is asked
+    assert result.error == "TargetConflict"
+    assert "token Secret" in world.ready()["message"]
+    assert world.kube.writes() == writes
+    after = world.target()
+    assert after["data"] == victim["data"]
+    assert after["metadata"]["annotations"] == victim["metadata"]["annotations"]
 
 
 # --- lifecycle -------------------------------------------------------------------------

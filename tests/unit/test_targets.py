@@ -225,14 +225,29 @@ def test_owner_reference_replaces_other_controllers_and_keeps_plain_references()
         ("ConfigMap", "u", None), ("HimitsuSecret", "uid-1", True)]
 
 
-def test_template_cannot_override_our_bookkeeping() -> None:
-    spec = make_spec(labels={api.LABEL_MANAGED: "false", api.LABEL_MANAGED_BY: "me"},
-                     annotations={api.ANN_OWNED_BY: "someone", api.ANN_CONFIG_VERSION: "1"})
-    meta = written(spec)["metadata"]
-    assert meta["labels"][api.LABEL_MANAGED] == "true"
-    assert meta["labels"][api.LABEL_MANAGED_BY] == api.MANAGED_BY_VALUE
-    assert meta["annotations"][api.ANN_OWNED_BY] == "app-config"
-    assert meta["annotations"][api.ANN_CONFIG_VERSION] == "5"
+@pytest.mark.parametrize(("labels", "annotations"), [
+    ({api.LABEL_MANAGED: "false"}, {}), ({api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}, {}),
+    ({}, {api.ANN_OWNED_BY: "someone"}), ({}, {api.ANN_CONFIG_VERSION: "1"}),
+    # A token's binding: a Merge template could rebind (or block) another team's token.
+    ({}, {api.ANN_ALLOWED_API_URLS: "https://evil.example.com"}),
+    ({}, {api.ANN_ALLOWED_API_URLS: ""}), ({"x.himitsu.io/k": "v"}, {}),
+])
+def test_template_cannot_write_our_bookkeeping_or_a_binding(
+    labels: dict[str, str], annotations: dict[str, str],
+) -> None:
+    with pytest.raises(api.InvalidSpec, match="is reserved"):
+        make_spec(policy="Merge", labels=labels, annotations=annotations)
+
+
+@pytest.mark.parametrize("policy", api.POLICIES)
+@pytest.mark.parametrize("binding", ["https://himitsu.example.com", ""])
+def test_a_token_secret_is_never_a_target(policy: str, binding: str) -> None:
+    token = foreign_secret({"token": "himi_x"},
+                           annotations={api.ANN_ALLOWED_API_URLS: binding})
+    with pytest.raises(targets.TargetConflict, match="token Secret") as info:
+        targets.check_ownership(token, owner=OWNER, policy=policy,
+                                himitsu_secret_exists=never_exists)
+    assert binding not in str(info.value) or not binding
 
 
 # --- Merge desired state ----------------------------------------------------------------

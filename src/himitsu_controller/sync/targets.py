@@ -63,6 +63,13 @@ def check_ownership(
     if secret is None:
         return
     meta = secret.get("metadata") or {}
+    if api.ANN_ALLOWED_API_URLS in annotations_of(secret):
+        # A token Secret is nobody's target, whatever the policy: its owner wrote the
+        # binding, and a write of ours would carry another author's keys into it.
+        raise TargetConflict(
+            f"Secret {meta.get('name', '')!r} is a Himitsu token Secret (it carries "
+            f"{api.ANN_ALLOWED_API_URLS}) and is never a target; point target.name at "
+            "another Secret")
     if owner.uid and _has_our_controller_ref(meta, uid=owner.uid):
         # Ours whatever else was done to it: a GitOps tool pruning the labels and
         # annotations we stamp (they are put back) does not make it someone else's.
