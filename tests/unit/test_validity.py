@@ -40,7 +40,33 @@ def test_data_limit_is_the_sum_of_decoded_values() -> None:
 def test_annotation_limit_counts_keys_and_values() -> None:
     assert refused(secret(annotations={"k": "v" * (256 * 1024 - 1)})) is None
     message = refused(secret(annotations={"kk": "v" * (256 * 1024 - 1)}))
-    assert message is not None and "262145 bytes" in message
+    assert message is not None and "256 KiB (262144 bytes)" in message
+
+
+def test_a_size_refusal_gives_no_size_of_what_we_do_not_write() -> None:
+    """A Merge target's other keys and annotations may be unreadable to whoever reads the
+    message: with our data filling the limit, a total or a remainder would be the exact
+    length of someone else's value (a token's 65 characters)."""
+    foreign = b"himi_0123456789abcdef_" + b"A" * 43
+    body = secret(**{f"K{i:02d}": b"x" * 65536 for i in range(16)}, token=foreign)
+    ours = [k for k in body["data"] if k != "token"]
+    with pytest.raises(validity.Unwritable) as info:
+        validity.check(body, ours=ours)
+    message = str(info.value)
+    assert "the data from Himitsu is 1048576 bytes" in message
+    assert "1048641" not in message and "65 " not in message and "65)" not in message
+    assert "keys himitsu-operator does not manage count too" in message
+
+    mine = {"himitsu.io/owned-by": "app-config", "example.com/pad": "p" * (256 * 1024 - 200)}
+    for extra in (1000, 1001):  # two foreign sizes: one message
+        body = secret(annotations={**mine, "example.com/foreign": "y" * extra}, a=b"v")
+        with pytest.raises(validity.Unwritable) as info:
+            validity.check(body, ours=["a"])
+        if extra == 1000:
+            first = str(info.value)
+        else:
+            assert str(info.value) == first
+    assert f"himitsu-operator's own take {len('himitsu.io/owned-by') + 10} bytes" in first
 
 
 @pytest.mark.parametrize(("kind", "body", "ok"), [

@@ -100,28 +100,34 @@ _HINT = ("name the Himitsu keys so the template renders these data keys (KeyValu
 
 
 def _check_sizes(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
+    """The sizes shown are of what we write only: a Merge target's other keys and
+    annotations may not be readable by whoever reads the message (their sizes would be a
+    length oracle for, say, a token merged into)."""
     data: Mapping[str, str] = secret.get("data") or {}
     sizes = {k: _decoded_size(v) for k, v in data.items()}
-    total = sum(sizes.values())
     name = _name(secret)
-    if total > MAX_SECRET_BYTES:
-        foreign = sum(n for k, n in sizes.items() if k not in ours)
+    if sum(sizes.values()) > MAX_SECRET_BYTES:
+        mine = sum(n for k, n in sizes.items() if k in ours)
+        others = (", and the keys himitsu-operator does not manage count too"
+                  if len(sizes) > len(set(ours) & set(sizes)) else "")
         raise Unwritable(
-            f"Secret {name!r} would hold {total} bytes of data ({total - foreign} from "
-            f"Himitsu, {foreign} in keys himitsu-operator does not manage), over the "
-            f"1 MiB ({MAX_SECRET_BYTES} bytes) Kubernetes Secret limit")
+            f"Secret {name!r} would exceed the 1 MiB ({MAX_SECRET_BYTES} bytes) Kubernetes "
+            f"Secret limit: the data from Himitsu is {mine} bytes{others}")
     annotations: Mapping[str, str] = (secret.get("metadata") or {}).get("annotations") or {}
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
-    if size > MAX_ANNOTATION_BYTES:
+    if sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items()) \
+            > MAX_ANNOTATION_BYTES:
+        stamps = sum(len(k.encode()) + len(v.encode())
+                     for k, v in annotations.items() if api.is_reserved_key(k))
         record = annotations.get(api.ANN_MANAGED_KEYS)
         of_which = "" if record is None else (
             f", {len(api.ANN_MANAGED_KEYS) + len(record.encode())} of them the "
             f"{api.ANN_MANAGED_KEYS} record of {len(ours)} key names (a Dotenv or Json "
             "template writes one key)")
         raise Unwritable(
-            f"the annotations of Secret {name!r} would total {size} bytes{of_which}, over "
-            f"the 256 KiB ({MAX_ANNOTATION_BYTES} bytes) Kubernetes limit for all "
-            "annotations together")
+            f"the annotations of Secret {name!r} would exceed the 256 KiB "
+            f"({MAX_ANNOTATION_BYTES} bytes) Kubernetes limit for all annotations together: "
+            f"himitsu-operator's own take {stamps} bytes{of_which}; "
+            "target.template.annotations and the Secret's other annotations count too")
 
 
 def _held(data: Mapping[str, str], ours: Collection[str]) -> str:
