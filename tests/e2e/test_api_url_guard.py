@@ -122,12 +122,12 @@ def test_a_himitsu_secret_author_cannot_rebind_or_overwrite_a_token_secret(
     h.secret(ns, "team-b-token", {"token": h.token_for(env_b)})
     before = h.kube.secret(ns, "team-a-token")
 
-    for template in ({"annotations": {api.ANN_ALLOWED_API_URLS: catcher.url}},
-                     {"annotations": {api.ANN_ALLOWED_API_URLS: ""}},
-                     {"labels": {api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}}):
+    for labels, notes in (({}, {api.ANN_ALLOWED_API_URLS: catcher.url}),
+                                ({}, {api.ANN_ALLOWED_API_URLS: ""}),
+                                ({api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE}, {})):
         with pytest.raises(ApiError) as info:
             h.hsec(ns, "widen", env_b, target="team-a-token", policy="Merge",
-                   auth_name="team-b-token", **template)
+                   auth_name="team-b-token", labels=labels, annotations=notes)
         assert info.value.status == 422 and "reserved" in info.value.message
 
     h.hsec(ns, "merge", env_b, target="team-a-token", policy="Merge",

@@ -47,14 +47,14 @@ def world() -> World:
 # --- reasons ---------------------------------------------------------------------------
 
 
+UNUSABLE = "key 'token' of Secret 'himitsu-token' does not hold a usable Himitsu API key"
 AUTH_CASES: list[tuple[str, Callable[[World], None], list[Any], str]] = [
     ("missing secret", lambda w: set_token(w, None), [],
      "token Secret 'himitsu-token' not found in namespace 'apps'"),
-    ("missing key", lambda w: set_token(w, {"other": b64(TOKEN)}), [],
-     "has no key 'token'"),
-    ("empty", lambda w: set_token(w, {"token": b64("  \n")}), [], "is empty"),
-    ("malformed", lambda w: set_token(w, {"token": b64(TOKEN[:-3])}), [],
-     "is not a Himitsu API key"),
+    ("missing key", lambda w: set_token(w, {"other": b64(TOKEN)}), [], UNUSABLE),
+    ("empty", lambda w: set_token(w, {"token": b64("  \n")}), [], UNUSABLE),
+    ("binary", lambda w: set_token(w, {"token": "//79"}), [], UNUSABLE),
+    ("malformed", lambda w: set_token(w, {"token": b64(TOKEN[:-3])}), [], UNUSABLE),
     ("401", lambda w: None, [himitsu.Unauthorized("the Himitsu API rejected the token (401)",
                                                   status=401)], "rejected the token"),
     ("403", lambda w: None, [himitsu.Forbidden("the token may not read this environment (403)",
@@ -75,6 +75,25 @@ def test_authentication_failures(
     assert message in ready["message"]
     if not script:
         assert world.fetcher.calls == []
+
+
+def test_authsecretref_tells_nothing_of_a_secret_beyond_its_existence() -> None:
+    """Whoever may create a HimitsuSecret, not read Secrets, probes another Secret of the
+    namespace with authSecretRef: a missing key, an empty, binary or text value all read
+    the same (the operator's log says which, with no value and no length)."""
+    world = World()
+    world.kube.put_secret({"metadata": {"namespace": NS, "name": "db-creds"}, "data": {
+        "password": b64("hunter2"), "blob": "//79", "empty": ""}})
+    seen: dict[str, str] = {}
+    with structlog.testing.capture_logs() as logs:
+        for key in ("password", "user", "blob", "empty"):
+            world.edit_spec(authSecretRef={"name": "db-creds", "key": key})
+            assert world.reconcile().error == "AuthenticationFailure"
+            seen[key] = world.ready()["message"].replace(key, "K")
+    assert len(set(seen.values())) == 1, seen
+    details = {e["key"]: e["detail"] for e in logs if e["event"] == "token unusable"}
+    assert len(set(details.values())) == 4, details  # the operator can tell them apart
+    assert not any("hunter2" in str(e) or "7" in str(e.get("detail")) for e in logs)
 
 
 def test_token_whitespace_is_trimmed(world: World) -> None:

@@ -48,7 +48,8 @@ def test_a_size_refusal_gives_no_size_of_what_we_do_not_write() -> None:
     message: with our data filling the limit, a total or a remainder would be the exact
     length of someone else's value (a token's 65 characters)."""
     foreign = b"himi_0123456789abcdef_" + b"A" * 43
-    body = secret(**{f"K{i:02d}": b"x" * 65536 for i in range(16)}, token=foreign)
+    mine: dict[str, bytes] = {f"K{i:02d}": b"x" * 65536 for i in range(16)}
+    body = secret("Opaque", None, **mine, token=foreign)
     ours = [k for k in body["data"] if k != "token"]
     with pytest.raises(validity.Unwritable) as info:
         validity.check(body, ours=ours)
@@ -57,9 +58,9 @@ def test_a_size_refusal_gives_no_size_of_what_we_do_not_write() -> None:
     assert "1048641" not in message and "65 " not in message and "65)" not in message
     assert "keys himitsu-operator does not manage count too" in message
 
-    mine = {"himitsu.io/owned-by": "app-config", "example.com/pad": "p" * (256 * 1024 - 200)}
+    ann = {"himitsu.io/owned-by": "app-config", "example.com/pad": "p" * (256 * 1024 - 200)}
     for extra in (1000, 1001):  # two foreign sizes: one message
-        body = secret(annotations={**mine, "example.com/foreign": "y" * extra}, a=b"v")
+        body = secret(annotations={**ann, "example.com/foreign": "y" * extra}, a=b"v")
         with pytest.raises(validity.Unwritable) as info:
             validity.check(body, ours=["a"])
         if extra == 1000:

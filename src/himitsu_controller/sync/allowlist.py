@@ -25,7 +25,10 @@ __all__ = ["AllowList", "InvalidPrefix", "NotAllowed", "check_token_binding"]
 
 
 class NotAllowed(Exception):
-    """The apiUrl is invalid or not allowed; ``str()`` is safe to show."""
+    """The apiUrl is invalid or not allowed; ``str()`` is safe to show, ``detail`` (when
+    set) is for the operator's log only."""
+
+    detail = ""
 
 
 class InvalidPrefix(ValueError):
@@ -81,27 +84,29 @@ def check_token_binding(annotation: str | None, url: str, *, secret: str) -> Non
 
     Fails closed: an annotation that is present but blank allows nowhere, and one entry
     that is not a URL refuses every apiUrl (its owner meant to restrict the token).
-    The prefixes are not shown: nothing here needs them, and whoever asks may not read
-    the Secret.
+    Every refusal has the same message, which shows no prefix: whoever asks may not read
+    the Secret, and a different message for a broken entry would tell them what the
+    binding holds. ``NotAllowed.detail`` says which case it was, for the operator's log.
     """
     if annotation is None:
         return
     prefixes = []
+    detail = "the apiUrl is under none of its URLs"
     for entry in (e.strip() for e in annotation.split(",")):
         if not entry:
             continue
         try:
             prefixes.append(himitsu.validate_api_url(entry))
         except himitsu.HimitsuError:
-            raise NotAllowed(
-                f"the {api.ANN_ALLOWED_API_URLS} annotation of token Secret {secret!r} holds "
-                "an entry that is not an http(s) URL, so the token is sent nowhere; "
-                "ask the token's owner to fix it") from None
+            prefixes, detail = [], "an entry is not an http(s) URL, so it allows nowhere"
+            break
     if not any(_under(url, p) for p in prefixes):
-        raise NotAllowed(
-            f"token Secret {secret!r} may only be sent to the URLs in its "
-            f"{api.ANN_ALLOWED_API_URLS} annotation and apiUrl is not one of them; use "
-            "the Himitsu URL the token is meant for, or ask the token's owner")
+        refused = NotAllowed(
+            f"token Secret {secret!r} does not allow this apiUrl (its "
+            f"{api.ANN_ALLOWED_API_URLS} annotation); use the Himitsu URL the token is "
+            "meant for, or ask the token's owner")
+        refused.detail = detail
+        raise refused
 
 
 def _under(url: str, prefix: str) -> bool:

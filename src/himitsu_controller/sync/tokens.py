@@ -7,16 +7,22 @@ allow the apiUrl (``TokenNotAllowed``: where a token may go is its owner's choic
 the HimitsuSecret author's). Then the value is checked against Himitsu's token format
 before it is ever sent, so a truncated or mistyped credential fails here with a message
 that says how to fix it, instead of as a 401 on every poll. Messages name the Secret
-and the key, never the value nor anything of it.
+and the key, never the value nor anything of it; they are read by whoever may create a
+HimitsuSecret, who may not read the Secret, so a missing key, an empty or binary value
+and a malformed one share one message (the operator's log says which).
 """
 
 from __future__ import annotations
+
+import structlog
 
 from himitsu_controller import himitsu
 from himitsu_controller.sync import allowlist
 from himitsu_controller.sync.ports import Kube, KubeError, SecretNotFound
 
 __all__ = ["TokenError", "TokenNotAllowed", "TokenReader"]
+
+log = structlog.get_logger(__name__)
 
 
 class TokenError(Exception):
@@ -47,24 +53,41 @@ class TokenReader:
             allowlist.check_token_binding(found.allowed_api_urls, api_url, secret=name)
         except allowlist.NotAllowed as exc:
             self.forget(namespace, name, key)  # the owner's fix counts at the next retry
+            log.info("token not allowed to this apiUrl", namespace=namespace, secret=name,
+                     detail=exc.detail)
             raise TokenNotAllowed(str(exc)) from None
-        raw = found.value
-        if raw is None:
+        token, problem = _checked(found.value)
+        if token is None:
+            self.forget(namespace, name, key)
+            log.info("token unusable", namespace=namespace, secret=name, key=key,
+                     detail=problem)
+            # One message for every way a value can be unusable: which one it was would
+            # tell whoever may create a HimitsuSecret (not read Secrets) what another
+            # Secret of the namespace holds. "Not found" stays apart: it is actionable
+            # and says no more than the Secret's name, which the apiserver would too.
             raise TokenError(
-                f"token Secret {name!r} has no key {key!r}; add it or set authSecretRef.key")
-        try:
-            text = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            text = ""
-        if not text:
-            self.forget(namespace, name, key)
-            raise TokenError(f"key {key!r} of token Secret {name!r} is empty or not text")
-        try:
-            return himitsu.validate_token(text)
-        except himitsu.InvalidToken as exc:
-            self.forget(namespace, name, key)
-            raise TokenError(f"token in Secret {name!r} key {key!r}: {exc}") from None
+                f"key {key!r} of Secret {name!r} does not hold a usable Himitsu API key "
+                "(himi_<16 hex>_<43 base64url>, no more); put the token there, or point "
+                "authSecretRef at the Secret and key that hold it")
+        return token
 
     def forget(self, namespace: str, name: str, key: str) -> None:
         """Drop a cached value (it was refused, or did not parse): read it afresh next time."""
         self._kube.forget_secret_value(namespace, name, key)
+
+
+def _checked(raw: bytes | None) -> tuple[str | None, str]:
+    """The checked token, or None and what is wrong with the value: for the log, never
+    the value nor anything of it."""
+    if raw is None:
+        return None, "the Secret has no such key"
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, "the value is not UTF-8 text"
+    if not text:
+        return None, "the value is empty"
+    try:
+        return himitsu.validate_token(text), ""
+    except himitsu.InvalidToken:
+        return None, "the value is not in the Himitsu API key format"
