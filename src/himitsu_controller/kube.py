@@ -5,8 +5,10 @@ one apiserver request per poll (the status patch): the HimitsuSecret from its in
 the target from the Secret informer (which only sees Secrets labelled
 ``himitsu.io/managed=true``), and the token (with its Secret's
 ``himitsu.io/allowed-api-urls`` annotation) from a small cache that is re-read at most
-every five minutes, and at once after Himitsu rejects it. Anything not in a cache (a
-target not yet adopted, a deleted one, the token Secret) is read directly.
+every five minutes, at once after Himitsu rejects it, and before the token first goes to
+an apiUrl (a binding added since the cached read holds for a new apiUrl at once).
+Anything not in a cache (a target not yet adopted, a deleted one, the token Secret) is
+read directly.
 
 The token cache follows live objects: a value is dropped once no HimitsuSecret names its
 (namespace, Secret, key) any more (``forget_token_of``, wired to the HimitsuSecret
@@ -96,6 +98,8 @@ class KubeClient:
         self._instance = instance or socket.gethostname()
         # The value and the Secret's allowed-api-urls annotation, read together.
         self._tokens: dict[tuple[str, str, str], tuple[float, SecretValue]] = {}
+        # The apiUrls each cached value was read afresh for: any other is a fresh read.
+        self._urls: dict[tuple[str, str, str], set[str]] = {}
         self._readers: dict[tuple[str, str, str], _Reader] = {}
         self._lock = threading.Lock()
         self._swept: float | None = None
@@ -133,26 +137,37 @@ class KubeClient:
                 return None
             raise _kube_error(exc, f"reading Secret {name!r}") from None
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> SecretValue:
+    def read_secret_value(
+        self, namespace: str, name: str, key: str, *, for_url: str | None = None,
+    ) -> SecretValue:
+        """The value and the Secret's binding, cached for ``token_ttl``; read afresh when
+        the value is to go to a ``for_url`` it has not gone to before (since the cache
+        was last dropped), so a binding added or narrowed since the cached read counts
+        at once for a new apiUrl. Polls of a known apiUrl cost no request."""
         ident = (namespace, name, key)
-        cached = self._cached_value(ident)
+        cached = self._cached_value(ident, for_url)
         if cached is not None:
             return cached
         # One reader per token Secret at a time: the readers of one token come due
         # together (they share a Himitsu poll), and each worker that missed the cache at
         # that moment used to send its own GET (16 for one Secret after a restart).
         with self._reader(ident):
-            cached = self._cached_value(ident)
+            cached = self._cached_value(ident, for_url)
             if cached is not None:
                 return cached
             self._sweep()  # on misses only: one comes at least every TTL while any is used
-            return self._read_value(namespace, name, key)
+            found = self._read_value(namespace, name, key)
+            if for_url is not None:
+                with self._lock:
+                    self._urls.setdefault(ident, set()).add(for_url)
+            return found
 
-    def _cached_value(self, ident: tuple[str, str, str]) -> SecretValue | None:
+    def _cached_value(self, ident: tuple[str, str, str], url: str | None) -> SecretValue | None:
         with self._lock:
             hit = self._tokens.get(ident)
+            known = url is None or url in self._urls.get(ident, ())
         now = self._clock()
-        return hit[1] if hit is not None and now - hit[0] < self._token_ttl else None
+        return hit[1] if known and hit is not None and now - hit[0] < self._token_ttl else None
 
     @contextmanager
     def _reader(self, ident: tuple[str, str, str]) -> Iterator[None]:
@@ -179,6 +194,8 @@ class KubeClient:
                      if now - read_at >= self._token_ttl]
             for ident in stale:
                 del self._tokens[ident]
+            for ident in [i for i in self._urls if i not in self._tokens]:
+                del self._urls[ident]
 
     def cache_sizes(self) -> dict[str, int]:
         """How many token values and reader locks are held (for tests and benchmarks)."""
@@ -209,6 +226,7 @@ class KubeClient:
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
         with self._lock:
             self._tokens.pop((namespace, name, key), None)
+            self._urls.pop((namespace, name, key), None)
 
     def forget_token_of(self, obj: Mapping[str, Any], *,
                         still_named: Callable[[str], bool]) -> None:

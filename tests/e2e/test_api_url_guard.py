@@ -138,3 +138,22 @@ def test_a_himitsu_secret_author_cannot_rebind_or_overwrite_a_token_secret(
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     assert h.standin.requests_naming(env_b) == []  # refused before Himitsu is asked
     assert catcher.seen == []
+
+
+def test_a_binding_added_while_the_token_is_cached_holds_at_once_for_a_new_url(
+    operator: OperatorLauncher | KindLauncher, h: Harness, ns: str, catcher: Catcher,
+) -> None:
+    """The review's case: the token is in use (cached) when its owner binds it; a
+    HimitsuSecret pointing it at another URL right after must not get it there (it did
+    for up to the cache's five minutes)."""
+    operator.start(f"--allowed-api-urls={h.standin.api_url},{catcher.url}", name="stale")
+    env, _ = h.environment("API_KEY")
+    h.secret(ns, "team-a-token", {"token": h.token_for(env)})
+    h.hsec(ns, "team-a", env, target="team-a-secrets", auth_name="team-a-token")
+    h.wait_ready(ns, "team-a")
+    h.kube.merge_patch(f"/api/v1/namespaces/{ns}/secrets/team-a-token", {"metadata": {
+        "annotations": {api.ANN_ALLOWED_API_URLS: h.standin.api_url}}})
+    h.hsec(ns, "steal", env, target="stolen", refresh="5s", auth_name="team-a-token",
+           api_url=catcher.url)
+    h.wait_ready(ns, "steal", reason="InvalidSpec", message_has=api.ANN_ALLOWED_API_URLS)
+    assert catcher.seen == [], "the bound token was sent to another URL"

@@ -169,7 +169,9 @@ class FakeKube:
             return None
         return copy.deepcopy(found)
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> SecretValue:
+    def read_secret_value(
+        self, namespace: str, name: str, key: str, *, for_url: str | None = None,
+    ) -> SecretValue:
         self._maybe_fail("read_secret_value")
         secret = self.secrets.get((namespace, name))
         if secret is None:

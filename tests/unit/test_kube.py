@@ -23,6 +23,7 @@ from himitsu_controller.kube import TOKEN_TTL, KubeClient
 from himitsu_controller.runtime.events import EventRecorder
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError, WriteRefused
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
+from himitsu_controller.sync.tokens import TokenNotAllowed, TokenReader
 
 SECRET_PATH = "/api/v1/namespaces/apps/secrets/app-secrets"
 TOKEN_PATH = "/api/v1/namespaces/apps/secrets/himitsu-token"
@@ -180,7 +181,8 @@ def test_forget_makes_the_next_read_fresh(h: Harness) -> None:
     assert len(h.rest.sent) == 2
 
 
-def test_concurrent_readers_of_one_token_send_one_get() -> None:
+@pytest.mark.parametrize("for_url", [None, "https://himitsu.example.com"])
+def test_concurrent_readers_of_one_token_send_one_get(for_url: str | None) -> None:
     rest = RecordingRest()
     rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN))
     readers = 4
@@ -198,7 +200,7 @@ def test_concurrent_readers_of_one_token_send_one_get() -> None:
                         secrets=DictStore(), clock=clock, instance="pod-1")
     results: list[bytes | None] = []
     threads = [threading.Thread(target=lambda: results.append(
-        client.read_secret_value("apps", "himitsu-token", "token").value))
+        client.read_secret_value("apps", "himitsu-token", "token", for_url=for_url).value))
         for _ in range(readers)]
     for thread in threads:
         thread.start()
@@ -206,6 +208,31 @@ def test_concurrent_readers_of_one_token_send_one_get() -> None:
         thread.join(10)
     assert results == [TOKEN.encode()] * readers
     assert len(rest.sent) == 1
+
+
+def test_a_binding_added_after_the_token_was_cached_holds_at_once_for_a_new_url(
+    h: Harness,
+) -> None:
+    """The review's case: the token is cached (no binding) from team A's polls; its owner
+    then binds it to Himitsu; team B points it at another URL. The cached binding would
+    have let it go there for up to TOKEN_TTL: a URL the value has not gone to is a
+    fresh read. Polls of a URL it has gone to cost no request."""
+    himitsu_url, other = "https://himitsu.example.com", "https://evil.example"
+    bound = secret("himitsu-token", token=TOKEN)
+    bound["metadata"]["annotations"] = {api.ANN_ALLOWED_API_URLS: himitsu_url}
+    h.rest.answer("GET", TOKEN_PATH, secret("himitsu-token", token=TOKEN), bound, bound)
+    reader = TokenReader(h.client)
+    assert reader.read("apps", "himitsu-token", "token", api_url=himitsu_url) == TOKEN
+    for _ in range(3):
+        reader.read("apps", "himitsu-token", "token", api_url=himitsu_url)
+    assert len(h.rest.sent) == 1  # the steady state: no request per poll
+    with pytest.raises(TokenNotAllowed):
+        reader.read("apps", "himitsu-token", "token", api_url=other)
+    assert len(h.rest.sent) == 2
+    # The refusal dropped the cache: the allowed URL reads afresh once, then is cached.
+    assert reader.read("apps", "himitsu-token", "token", api_url=himitsu_url) == TOKEN
+    reader.read("apps", "himitsu-token", "token", api_url=himitsu_url)
+    assert len(h.rest.sent) == 3
 
 
 def test_token_cache_is_per_key(h: Harness) -> None:

@@ -62,9 +62,11 @@ class RecordingKube(FakeKube):
         self._note("get_secret", namespace)
         return super().get_secret(namespace, name, fresh=fresh, cached=cached)
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> SecretValue:
+    def read_secret_value(
+        self, namespace: str, name: str, key: str, *, for_url: str | None = None,
+    ) -> SecretValue:
         self._note("read_secret_value", namespace)
-        return super().read_secret_value(namespace, name, key)
+        return super().read_secret_value(namespace, name, key, for_url=for_url)
 
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
         self._note("forget_secret_value", namespace)

@@ -35,6 +35,7 @@ from reconcile_world import (
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync.ports import SecretValue
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 
@@ -196,6 +197,33 @@ def test_new_force_sync_value_forces_one_full_fetch(world: World) -> None:
     world.sync(5)
     assert world.fetcher.known_versions == [None, None, 5, None]
     assert world.status()["lastForceSync"] == "again"
+
+
+def test_a_force_sync_reads_the_token_secret_afresh(world: World) -> None:
+    """How a narrowed binding (or a replaced token) counts at once for a HimitsuSecret
+    already polling: the token cache is dropped before the forced fetch."""
+    kube = world.kube
+    cached: dict[str, SecretValue] = {}  # the adapter's token cache, as the fake has none
+    read, forget = kube.read_secret_value, kube.forget_secret_value
+
+    def cached_read(namespace: str, name: str, key: str, *,
+                    for_url: str | None = None) -> SecretValue:
+        return cached.setdefault(name, read(namespace, name, key, for_url=for_url))
+
+    def dropping_forget(namespace: str, name: str, key: str) -> None:
+        cached.pop(name, None)
+        forget(namespace, name, key)
+
+    kube.read_secret_value = cached_read  # type: ignore[method-assign]
+    kube.forget_secret_value = dropping_forget  # type: ignore[method-assign]
+    world.sync(5)
+    world.poll(himitsu.NotModified(5))
+    bind_token(world, "https://himitsu.example.com/elsewhere")  # not seen: cached
+    world.poll(himitsu.NotModified(5))
+    world.annotate(api.ANN_FORCE_SYNC, "narrowed")
+    world.clock.advance(1)
+    assert world.reconcile().error == "InvalidSpec"
+    assert world.fetcher.known_versions == [None, 5, 5]  # nothing sent once forced
 
 
 def test_unconditional_304_is_a_fetch_failure(world: World) -> None:

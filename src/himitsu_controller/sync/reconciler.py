@@ -123,6 +123,11 @@ class HimitsuSecretReconciler:
         idle = self._woken_idle(ctx, spec, mem)
         if idle is not None:
             return idle
+        if api.force_sync_value(ctx.obj) != ctx.status.last_force_sync:
+            # A forced sync reads the token Secret afresh too: the way to have a
+            # narrowed binding (or a replaced token) count at once.
+            self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name,
+                                spec.auth_secret_key)
         token = self._token(ctx.owner.namespace, spec, api_url)
         target = self._read_target(ctx, spec, mem)
         try:

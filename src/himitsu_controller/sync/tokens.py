@@ -41,7 +41,7 @@ class TokenReader:
         """The checked token in ``namespace``/``name`` at ``key``, allowed to go to the
         normalised ``api_url``; else ``TokenNotAllowed`` or ``TokenError``."""
         try:
-            found = self._kube.read_secret_value(namespace, name, key)
+            found = self._kube.read_secret_value(namespace, name, key, for_url=api_url)
         except SecretNotFound:
             raise TokenError(
                 f"token Secret {name!r} not found in namespace {namespace!r}; create it with "
