@@ -58,7 +58,8 @@ def test_a_size_refusal_gives_no_size_of_what_we_do_not_write() -> None:
     assert "1048641" not in message and "65 " not in message and "65)" not in message
     assert "keys himitsu-operator does not manage count too" in message
 
-    ann = {"himitsu.io/owned-by": "app-config", "example.com/pad": "p" * (256 * 1024 - 200)}
+    ann = {"himitsu.io/owned-by": "app-config", "example.com/pad": "p" * (256 * 1024 - 200),
+           "x.himitsu.io/theirs": "z"}  # not one we write: not counted as ours
     for extra in (1000, 1001):  # two foreign sizes: one message
         body = secret(annotations={**ann, "example.com/foreign": "y" * extra}, a=b"v")
         with pytest.raises(validity.Unwritable) as info:

@@ -47,6 +47,10 @@ _REQUIRED = {  # type -> data keys that must all be present
 _ONE_OF = {"kubernetes.io/basic-auth": ("username", "password")}
 _JSON_KEYS = frozenset({".dockercfg", ".dockerconfigjson"})
 _NAMED = 3  # keys named in a message
+# The annotations targets.desired_secret writes whatever the template (sized in messages).
+_STAMPS = frozenset({api.ANN_OWNED_BY, api.ANN_CONFIG_VERSION, api.ANN_PROJECT_ID,
+                     api.ANN_ENVIRONMENT_ID, api.ANN_SOURCE, api.ANN_DATA_HASH,
+                     api.ANN_MANAGED_KEYS})
 
 
 class Unwritable(ValueError):
@@ -117,7 +121,7 @@ def _check_sizes(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
     if sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items()) \
             > MAX_ANNOTATION_BYTES:
         stamps = sum(len(k.encode()) + len(v.encode())
-                     for k, v in annotations.items() if api.is_reserved_key(k))
+                     for k, v in annotations.items() if k in _STAMPS)
         record = annotations.get(api.ANN_MANAGED_KEYS)
         of_which = "" if record is None else (
             f", {len(api.ANN_MANAGED_KEYS) + len(record.encode())} of them the "
