@@ -125,6 +125,7 @@ class FakeApiServer:
         self.compacted = 0
         self.list_sources: list[str] = []
         self.canned: deque[Canned] = deque()
+        self.watch_refusal: Canned | None = None  # the answer to every watch request
         self.requests: list[Recorded] = []
         self._watches: queue.Queue[WatchSession] = queue.Queue()
         self._sessions: list[WatchSession] = []
@@ -206,6 +207,8 @@ class FakeApiServer:
     def _record(self, request: Recorded) -> Canned | None:
         with self._lock:
             self.requests.append(request)
+            if self.watch_refusal is not None and request.query.get("watch") == "true":
+                return self.watch_refusal
             return self.canned.popleft() if self.canned else None
 
     def _open_watch(self, query: dict[str, str]) -> WatchSession:

@@ -160,9 +160,14 @@ def test_expired_watch_relists_and_synthesises_deletes(
         server: FakeApiServer, start: Callable[..., Running]) -> None:
     for name in "abc":
         server.put(name)
-    running = start()
+    now = [1000.0]
+    running = start(clock=lambda: now[0])
     session = synced_watch(server, running)
     assert len(running.recorder.take(3)) == 3
+    # A watch that has worked for a while (a bookmark, a minute) expires: relist at once.
+    session.send({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "103"}}})
+    assert wait_until(lambda: running.informer._delivered_since_list == 1)
+    now[0] += 60
     # While the watch is behind, "a" vanishes, "b" changes, "d" appears, "c" stays.
     server.remove("a")
     server.put("b", data={"v": "2"})
@@ -182,16 +187,61 @@ def test_expired_watch_relists_and_synthesises_deletes(
 
 def test_watch_refused_with_410_relists(server: FakeApiServer,
                                         start: Callable[..., Running]) -> None:
-    running = start()
+    now = [1000.0]
+    waits: list[float] = []
+    running = start(clock=lambda: now[0], sleep=lambda stop, seconds: waits.append(seconds))
     session = synced_watch(server, running)
     session.send({"type": "ADDED", "object": server.put("a")})
     assert running.recorder.take(1) == [("add", "ns/a", "101")]
+    now[0] += 60
     server.canned.append(Canned(410, status_body(410, "Gone", "too old")))
     session.close()
     server.next_watch()
     lists = server.requests_of("GET", watch=False)
     assert len(lists) == 2
+    assert waits == []  # the first 410 after a working watch relists at once
     running.recorder.assert_quiet()  # nothing changed: the relist announces nothing
+
+
+def test_a_watch_that_keeps_expiring_relists_only_after_growing_backoffs(
+        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+    # Every watch is refused with 410 (e.g. a watch cache behind the version its LIST
+    # answers with): client-go backs off each relist; no LIST loop.
+    for name in "abc":
+        server.put(name)
+    server.watch_refusal = Canned(410, status_body(410, "Expired", "too old resource version"))
+    stop = threading.Event()
+    waits: list[tuple[float, int]] = []  # (backoff, LISTs sent before it)
+
+    def sleep(_: threading.Event, seconds: float) -> None:
+        waits.append((seconds, len(server.requests_of("GET", watch=False))))
+        if len(waits) == 6:
+            stop.set()
+
+    informer = Informer(RestClient(api_client), WIDGETS, namespace="ns", rng=lambda: 0.0,
+                        clock=lambda: 1000.0, sleep=sleep)
+    thread = threading.Thread(target=informer.run, args=(stop,), daemon=True)
+    thread.start()
+    thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    assert [lists for _, lists in waits] == [1, 2, 3, 4, 5, 6]  # one LIST per backoff
+    assert len(server.requests_of("GET", watch=False)) == 6
+    assert [seconds for seconds, _ in waits] == pytest.approx([0.8, 1.6, 3.2, 6.4, 12.8, 25.6])
+
+
+def test_a_410_soon_after_a_relist_backs_off_even_after_events(
+        server: FakeApiServer, start: Callable[..., Running]) -> None:
+    waits: list[float] = []
+    now = [1000.0]
+    running = start(clock=lambda: now[0], sleep=lambda stop, seconds: waits.append(seconds))
+    session = synced_watch(server, running)
+    session.send({"type": "ADDED", "object": server.put("a")})
+    assert running.recorder.take(1) == [("add", "ns/a", "101")]
+    now[0] += 10  # under RELIST_AT_ONCE_AFTER since the list
+    session.send({"type": "ERROR", "object": status_body(410, "Expired", "too old")})
+    server.next_watch()
+    assert waits == [pytest.approx(0.8)]
+    assert len(server.requests_of("GET", watch=False)) == 2
 
 
 def test_expired_continue_token_restarts_the_list_in_one_page(
@@ -387,6 +437,56 @@ def test_unhealthy_while_lists_work_but_every_watch_fails(
     session.send({"type": "ADDED", "object": server.put("a")})  # this one works
     assert running.recorder.take(1) == [("add", "ns/a", "101")]
     assert running.informer.unhealthy_for() == 0.0
+
+
+def closed_port_client() -> RestClient:
+    """A client of an apiserver that is down: nothing listens on its port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
+    configuration.proxy = None
+    return RestClient(new_api_client(configuration, pool_maxsize=1))
+
+
+def test_an_unreachable_apiserver_is_unhealthy_but_never_stalled() -> None:
+    # Refused connections for over five minutes: the cache is stale (unready), but a
+    # restart cannot fix an apiserver that is down: liveness must not count it.
+    now = [1000.0]
+    stop = threading.Event()
+    waits: list[float] = []
+
+    def sleep(_: threading.Event, seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+        if now[0] > 1000.0 + 400:
+            stop.set()
+
+    informer = Informer(closed_port_client(), WIDGETS, namespace="ns", rng=lambda: 0.0,
+                        clock=lambda: now[0], sleep=sleep)
+    informer.run(stop)
+    assert informer.unhealthy_for() > 400
+    assert informer.stalled_for() == 0.0
+
+
+def test_lists_work_but_watches_are_refused_is_stalled(server: FakeApiServer,
+                                                       api_client: k8s.ApiClient) -> None:
+    # The apiserver answers (lists work) but refuses every watch with a status: a
+    # restart may help (and is what is left), so this counts towards liveness.
+    now = [1000.0]
+    stop = threading.Event()
+
+    def sleep(_: threading.Event, seconds: float) -> None:
+        now[0] += seconds
+        if now[0] > 1000.0 + 400:
+            stop.set()
+
+    server.watch_refusal = Canned(403, status_body(403, "Forbidden", "watch denied"))
+    informer = Informer(RestClient(api_client), WIDGETS, namespace="ns", rng=lambda: 0.0,
+                        clock=lambda: now[0], sleep=sleep)
+    informer.run(stop)
+    assert len(server.requests_of("GET", watch=False)) > 1  # the lists worked
+    assert informer.stalled_for() == informer.unhealthy_for() > 400
 
 
 def test_read_timeout_rewatches_from_the_last_resource_version(

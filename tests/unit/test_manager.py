@@ -47,6 +47,7 @@ class FakeInformer:
         self.name = name
         self.synced = synced
         self.unhealthy = 0.0
+        self.stalled = 0.0
         self.exit_early = False
         self._journal = journal
 
@@ -63,6 +64,9 @@ class FakeInformer:
 
     def unhealthy_for(self) -> float:
         return self.unhealthy
+
+    def stalled_for(self) -> float:
+        return self.stalled
 
 
 class FakeController:
@@ -430,7 +434,7 @@ def test_probes_follow_sync_watch_health_and_worker_liveness(
     assert "[-]workers failed: dead worker threads in: ctrl" in body
 
 
-def test_healthz_fails_once_a_cache_has_had_no_working_watch_for_minutes(
+def test_healthz_fails_once_the_apiserver_answers_without_a_working_watch_for_minutes(
     journal: Journal, start: Callable[[Manager], Running]
 ) -> None:
     informer = FakeInformer("things", journal)
@@ -438,15 +442,31 @@ def test_healthz_fails_once_a_cache_has_had_no_working_watch_for_minutes(
     mgr.add_informer(informer)
     start(mgr)
     journal.wait_for("informer-run:things")
-    informer.unhealthy = WATCH_LIVENESS_TIMEOUT - 1  # unready, but not restarted yet
+    informer.unhealthy = informer.stalled = WATCH_LIVENESS_TIMEOUT - 1  # unready, not dead
     assert probe(mgr, "/readyz")[0] == 500
     assert probe(mgr, "/healthz") == (200, "ok")
-    informer.unhealthy = WATCH_LIVENESS_TIMEOUT + 1
+    informer.unhealthy = informer.stalled = WATCH_LIVENESS_TIMEOUT + 1
     status, body = probe(mgr, "/healthz")
     assert status == 500
     seconds = f"{WATCH_LIVENESS_TIMEOUT + 1:.0f}s"
-    assert f"[-]watches failed: no working watch for too long: things ({seconds})" in body
-    informer.unhealthy = 0.0  # a watch works again
+    assert f"[-]watches failed: apiserver answers but no watch works: things ({seconds})" in body
+    informer.unhealthy = informer.stalled = 0.0  # a watch works again
+    assert probe(mgr, "/healthz") == (200, "ok")
+
+
+def test_an_unreachable_apiserver_makes_replicas_unready_but_never_restarts_them(
+    journal: Journal, start: Callable[[Manager], Running]
+) -> None:
+    # The apiserver has refused connections for an hour (a control-plane outage): the
+    # cache is stale (unready), but a restart cannot fix that; it would restart every
+    # replica and then crash-loop on the way up.
+    informer = FakeInformer("things", journal)
+    mgr = manager(health_probe_bind_address="127.0.0.1:0")
+    mgr.add_informer(informer)
+    start(mgr)
+    journal.wait_for("informer-run:things")
+    informer.unhealthy, informer.stalled = 3600.0, 0.0
+    assert probe(mgr, "/readyz")[0] == 500
     assert probe(mgr, "/healthz") == (200, "ok")
 
 
@@ -454,7 +474,7 @@ def test_watch_liveness_timeout_is_configurable_and_0_disables_it(
     journal: Journal, start: Callable[[Manager], Running]
 ) -> None:
     short, off = FakeInformer("short", journal), FakeInformer("off", journal)
-    short.unhealthy = off.unhealthy = 61.0
+    short.stalled = off.stalled = 61.0
     mgr_short = manager(health_probe_bind_address="127.0.0.1:0", watch_liveness_timeout=60.0)
     mgr_off = manager(health_probe_bind_address="127.0.0.1:0", watch_liveness_timeout=0.0)
     mgr_short.add_informer(short)

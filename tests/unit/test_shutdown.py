@@ -92,6 +92,9 @@ class DeafInformer:
     def unhealthy_for(self) -> float:
         return 0.0
 
+    def stalled_for(self) -> float:
+        return 0.0
+
 
 class HangingRelease:
     """A leader whose release request hangs."""

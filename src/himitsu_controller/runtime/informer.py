@@ -13,7 +13,10 @@ relist-on-410 diff. A controller needs the reflector's guarantees:
   connection, which would otherwise hang the watch forever.
 * A watch that ends (cleanly, by read timeout or by a reset) is reopened from the last
   resourceVersion seen: no relist, no duplicate events. As client-go's reflector, the
-  other ends relist: an expired resourceVersion (410) at once; any other ERROR event (a
+  other ends relist: an expired resourceVersion (410) at once after a watch that worked;
+  a 410 again within RELIST_AT_ONCE_AFTER of the last relist, or before anything was
+  delivered since it, after a backoff (else a resource version that keeps expiring
+  would relist in a loop, each a full LIST); any other ERROR event (a
   504 "too large resource version" after an etcd restore, a 500, a 403), a watch
   request that fails, a stream that is not events or a watch that dies within a second
   with nothing, after a backoff. Only a 429 and a refused connection (the apiserver is
@@ -23,7 +26,10 @@ relist-on-410 diff. A controller needs the reflector's guarantees:
 * Failures back off 0.8 s doubling to 30 s with jitter, so an unavailable apiserver is
   not hammered. ``unhealthy_for()`` is how long the informer has had no working watch
   (a watch that fails before delivering anything does not count): the manager's
-  readiness and liveness probes are built on it.
+  readiness probe is built on it. ``stalled_for()`` is how long the apiserver has been
+  answering (a list, a refused watch) without a working watch: the liveness probe's,
+  since a restart may fix that but cannot fix an unreachable apiserver, so a refused
+  connection starts that clock over.
 
 Handlers run on the informer thread, in event order; a failing handler is logged and
 the informer carries on. On a relist an object whose resourceVersion did not change is
@@ -61,6 +67,10 @@ WATCH_TIMEOUT_MIN = 300
 WATCH_TIMEOUT_SPREAD = 300
 # client-go's "very short watch": ended in under a second with no event -> back off.
 SHORT_WATCH = 1.0
+# A 410 relists at once only this long after the last relist, and once the watch has
+# delivered something since; sooner, it goes through the backoff (client-go backs off
+# every ListAndWatch return).
+RELIST_AT_ONCE_AFTER = 30.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,9 @@ class Informer:
                  page_size: int = 500, indexers: Mapping[str, IndexFunc] | None = None,
                  name: str | None = None, watch_read_timeout: float = 90.0,
                  clock: Callable[[], float] = time.monotonic,
-                 rng: Callable[[], float] = random.random) -> None:
+                 rng: Callable[[], float] = random.random,
+                 sleep: Callable[[threading.Event, float], object] | None = None) -> None:
+        """``sleep(stop, seconds)`` is how backoffs wait (default ``stop.wait``)."""
         self.store = Store(indexers)
         self.resource = resource
         self.namespace = namespace
@@ -122,6 +134,10 @@ class Informer:
         self._rv = ""
         self._state_lock = threading.Lock()
         self._failing_since: float | None = None
+        self._stalled_since: float | None = None
+        self._listed_at: float | None = None
+        self._delivered_since_list = 0
+        self._sleep = sleep or (lambda stop, seconds: stop.wait(seconds))
         self._stream: WatchStream | None = None
         self._backoff = _Backoff(rng, clock)
 
@@ -142,6 +158,13 @@ class Informer:
         healthy. A relist that succeeds while every watch fails does not reset it."""
         with self._state_lock:
             since = self._failing_since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
+
+    def stalled_for(self) -> float:
+        """Seconds the apiserver has answered (lists work, watches are refused with a
+        status) without a working watch; a refused connection or a timeout sets it to 0."""
+        with self._state_lock:
+            since = self._stalled_since
         return 0.0 if since is None else max(0.0, self._clock() - since)
 
     def add_handler(self, *, on_add: Callable[[Object], None] | None = None,
@@ -171,25 +194,36 @@ class Informer:
                         break
                     need_list = False
                 except Exception as exc:
-                    self._failed(stop, "list", _describe(exc))
+                    self._failed(stop, "list", _describe(exc),
+                                 answered=not isinstance(exc, TransportError))
                 continue
+            answered = True
             try:
                 after = self._watch(stop)
             except Exception as exc:  # the watch request itself failed
                 after = _after_refused_watch(exc)
+                answered = not isinstance(exc, TransportError)
             if stop.is_set():
                 break
-            need_list = after.relist
-            if after.error is None:
+            need_list, backoff, error = after.relist, after.backoff, after.error
+            if error is None:
                 continue
-            if after.relist and not after.backoff:
-                log.info("resource version too old, relisting", informer=self.name)
-                continue
-            if after.relist:
+            if need_list and not backoff:
+                if not self._relisted_lately():
+                    log.info("resource version too old, relisting", informer=self.name)
+                    continue
+                error += " (again, soon after a relist)"
+            if need_list:
                 log.warning("watch failed, relisting after a backoff", informer=self.name,
-                            error=after.error)
-            self._failed(stop, "watch", after.error)
+                            error=error)
+            self._failed(stop, "watch", error, answered=answered)
         log.info("informer stopped", informer=self.name)
+
+    def _relisted_lately(self) -> bool:
+        """Whether a 410 now would make a relist loop: nothing delivered since the last
+        relist, or that relist was under RELIST_AT_ONCE_AFTER ago."""
+        return (self._delivered_since_list == 0 or self._listed_at is None
+                or self._clock() - self._listed_at < RELIST_AT_ONCE_AFTER)
 
     def _close_stream_on(self, stop: threading.Event) -> None:
         stop.wait()
@@ -198,14 +232,20 @@ class Informer:
         if stream is not None:
             stream.close()
 
-    def _failed(self, stop: threading.Event, phase: str, error: str) -> None:
+    def _failed(self, stop: threading.Event, phase: str, error: str, *,
+                answered: bool) -> None:
         with self._state_lock:
+            now = self._clock()
             if self._failing_since is None:
-                self._failing_since = self._clock()
+                self._failing_since = now
+            if not answered:  # the apiserver is unreachable: a restart would not help
+                self._stalled_since = None
+            elif self._stalled_since is None:
+                self._stalled_since = now
         delay = self._backoff.next_delay()
         log.warning("informer list/watch failed, backing off", informer=self.name,
                     phase=phase, error=error, retry_in=round(delay, 2))
-        stop.wait(delay)
+        self._sleep(stop, delay)
 
     def _list_and_replace(self, stop: threading.Event) -> bool:
         listed = self._pager.list(self._rv, stop)
@@ -222,6 +262,8 @@ class Informer:
             for obj in deleted:
                 self._dispatch("delete", obj)
         self._rv = rv
+        self._listed_at = self._clock()
+        self._delivered_since_list = 0
         self._synced.set()
         log.info("informer listed", informer=self.name, objects=len(items),
                  changed=len(changed), deleted=len(deleted), resource_version=rv)
@@ -239,6 +281,7 @@ class Informer:
             # An accepted watch ends a failure streak, unless it fails before it delivers
             # anything (below): a watch refused that way over and over is no working watch.
             streak, self._failing_since = self._failing_since, None
+            stalled, self._stalled_since = self._stalled_since, None
             self._stream = stream
         if stop.is_set():  # the closer may have run before the stream was published
             stream.close()
@@ -251,6 +294,7 @@ class Informer:
                         after = _after_error_event(event.get("object"))
                         break
                     events += 1
+                    self._delivered_since_list += 1
                     self._handle_event(event)
         except TransportError as exc:
             if not stop.is_set():
@@ -270,6 +314,7 @@ class Informer:
         if events == 0 and after.error is not None:
             with self._state_lock:
                 self._failing_since = streak if streak is not None else started
+                self._stalled_since = stalled if stalled is not None else started
         return after
 
     def _handle_event(self, event: Mapping[str, Any]) -> None:

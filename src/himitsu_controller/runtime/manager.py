@@ -51,8 +51,10 @@ log = structlog.get_logger(__name__)
 
 # A watch failing to reconnect for longer than this makes the replica unready.
 UNHEALTHY_WATCH_THRESHOLD = 30.0
-# ...and for longer than this, fails /healthz so the kubelet restarts the pod: a cache
-# that has had no working watch for minutes is stale, and restarting is what is left.
+# ...and once the apiserver has answered for this long without giving it a working watch
+# (lists work, watches are refused with a status), fails /healthz so the kubelet
+# restarts the pod: restarting is what is left. An unreachable apiserver does not count:
+# a restart cannot fix it, and would restart every replica, standbys included.
 WATCH_LIVENESS_TIMEOUT = 300.0
 _SYNC_POLL_INTERVAL = 0.1
 _SIGNAL_POLL_INTERVAL = 0.5
@@ -416,14 +418,16 @@ class Manager:
         return f"waiting for caches: {', '.join(pending) or 'starting'}"
 
     def _check_watches(self) -> str | None:
-        failing = self._watches_failing_for(UNHEALTHY_WATCH_THRESHOLD)
+        failing = _over([(i.name, i.unhealthy_for()) for i in self._informers],
+                        UNHEALTHY_WATCH_THRESHOLD)
         return f"watches failing to reconnect: {failing}" if failing else None
 
     def _check_watches_alive(self) -> str | None:
-        failing = self._watches_failing_for(self._watch_liveness_timeout)
-        return f"no working watch for too long: {failing}" if failing else None
+        stalled = _over([(i.name, i.stalled_for()) for i in self._informers],
+                        self._watch_liveness_timeout)
+        return f"apiserver answers but no watch works: {stalled}" if stalled else None
 
-    def _watches_failing_for(self, threshold: float) -> str:
-        unhealthy = [(i.name, i.unhealthy_for()) for i in self._informers]
-        return ", ".join(f"{name} ({seconds:.0f}s)" for name, seconds in unhealthy
-                         if seconds > threshold)
+
+def _over(seconds_by_name: list[tuple[str, float]], threshold: float) -> str:
+    return ", ".join(f"{name} ({seconds:.0f}s)" for name, seconds in seconds_by_name
+                     if seconds > threshold)

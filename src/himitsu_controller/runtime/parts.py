@@ -24,6 +24,8 @@ class InformerLike(Protocol):
 
     def unhealthy_for(self) -> float: ...
 
+    def stalled_for(self) -> float: ...
+
 
 class ControllerLike(Protocol):
     @property
