@@ -316,6 +316,7 @@ def _forget_tokens_with_their_users(hsecs: Informer, kube_client: kube.KubeClien
     def still_named(ref: str) -> bool:
         return bool(hsecs.store.by_index(AUTH_INDEX, ref))
 
+    kube_client.track_token_users(still_named)
     hsecs.add_handler(
         on_update=lambda old, new: kube_client.forget_token_of(old, still_named=still_named),
         on_delete=lambda obj: kube_client.forget_token_of(obj, still_named=still_named))

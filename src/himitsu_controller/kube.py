@@ -14,8 +14,11 @@ The token cache follows live objects: a value is dropped once no HimitsuSecret n
 (namespace, Secret, key) any more (``forget_token_of``, wired to the HimitsuSecret
 informer's updates and deletes), and whatever was not read for five minutes (it would
 be read afresh anyway) is swept out; a per-token reader lock lives only while a read
-of that token is under way. Memory therefore tracks the HimitsuSecrets that exist, and
-a token value does not outlive the last HimitsuSecret that used it.
+of that token is under way. A read keeps its value only if no forget of that token ran
+while it was under way and (``track_token_users``) a HimitsuSecret still names it: a
+HimitsuSecret deleted mid-read does not leave its token behind. Memory therefore tracks
+the HimitsuSecrets that exist, and a token value does not outlive the last HimitsuSecret
+that used it.
 
 Secrets are only ever read in the HimitsuSecret's own namespace: RBAC cannot narrow a
 ClusterRole's Secret access, so the code has to.
@@ -81,6 +84,7 @@ class _Reader:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.users = 0
+        self.forgets = 0  # forgets of this token while it lives: a read then keeps nothing
 
 
 class KubeClient:
@@ -103,6 +107,12 @@ class KubeClient:
         self._readers: dict[tuple[str, str, str], _Reader] = {}
         self._lock = threading.Lock()
         self._swept: float | None = None
+        self._in_use: Callable[[str], bool] = lambda ref: True
+
+    def track_token_users(self, still_named: Callable[[str], bool]) -> None:
+        """``still_named("namespace/secret/key")``: whether a HimitsuSecret names that
+        token; a value read for none is not kept (see ``token_refs``)."""
+        self._in_use = still_named
 
     def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """One apiserver call; an unreachable apiserver becomes a KubeError like any refusal."""
@@ -151,15 +161,16 @@ class KubeClient:
         # One reader per token Secret at a time: the readers of one token come due
         # together (they share a Himitsu poll), and each worker that missed the cache at
         # that moment used to send its own GET (16 for one Secret after a restart).
-        with self._reader(ident):
+        with self._reader(ident) as reader:
             cached = self._cached_value(ident, for_url)
             if cached is not None:
                 return cached
             self._sweep()  # on misses only: one comes at least every TTL while any is used
-            found = self._read_value(namespace, name, key)
+            found = self._read_value(namespace, name, key, reader)
             if for_url is not None:
                 with self._lock:
-                    self._urls.setdefault(ident, set()).add(for_url)
+                    if ident in self._tokens:  # not when a forget overtook the read
+                        self._urls.setdefault(ident, set()).add(for_url)
             return found
 
     def _cached_value(self, ident: tuple[str, str, str], url: str | None) -> SecretValue | None:
@@ -170,13 +181,13 @@ class KubeClient:
         return hit[1] if known and hit is not None and now - hit[0] < self._token_ttl else None
 
     @contextmanager
-    def _reader(self, ident: tuple[str, str, str]) -> Iterator[None]:
+    def _reader(self, ident: tuple[str, str, str]) -> Iterator[_Reader]:
         with self._lock:
             reader = self._readers.setdefault(ident, _Reader())
             reader.users += 1
         try:
             with reader.lock:
-                yield
+                yield reader
         finally:
             with self._lock:
                 reader.users -= 1
@@ -202,8 +213,11 @@ class KubeClient:
         with self._lock:
             return {"tokens": len(self._tokens), "readers": len(self._readers)}
 
-    def _read_value(self, namespace: str, name: str, key: str) -> SecretValue:
+    def _read_value(self, namespace: str, name: str, key: str, reader: _Reader,
+                    ) -> SecretValue:
         now = self._clock()
+        with self._lock:
+            forgets = reader.forgets
         secret = self.get_secret(namespace, name, fresh=True)
         if secret is None:  # the token Secret is gone: so is our copy
             self.forget_secret_value(namespace, name, key)
@@ -219,14 +233,20 @@ class KubeClient:
             found = SecretValue(base64.b64decode(encoded, validate=True), bound)
         except (binascii.Error, ValueError):
             return SecretValue(b"", bound)
+        in_use = self._in_use(f"{namespace}/{name}/{key}")
         with self._lock:
-            self._tokens[(namespace, name, key)] = (now, found)
+            if in_use and reader.forgets == forgets:  # else forgotten during the read
+                self._tokens[(namespace, name, key)] = (now, found)
         return found
 
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
+        ident = (namespace, name, key)
         with self._lock:
-            self._tokens.pop((namespace, name, key), None)
-            self._urls.pop((namespace, name, key), None)
+            self._tokens.pop(ident, None)
+            self._urls.pop(ident, None)
+            reader = self._readers.get(ident)
+            if reader is not None:
+                reader.forgets += 1
 
     def forget_token_of(self, obj: Mapping[str, Any], *,
                         still_named: Callable[[str], bool]) -> None:

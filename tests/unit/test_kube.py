@@ -25,6 +25,8 @@ from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
 from himitsu_controller.sync.tokens import TokenNotAllowed, TokenReader
 
+TIMEOUT = 10.0
+
 SECRET_PATH = "/api/v1/namespaces/apps/secrets/app-secrets"
 TOKEN_PATH = "/api/v1/namespaces/apps/secrets/himitsu-token"
 TOKEN = "himi_0123456789abcdef_" + "T" * 43
@@ -625,3 +627,39 @@ def test_token_refs_name_the_namespace_secret_and_key_with_the_default_key() -> 
     assert kube.token_refs({"metadata": {"namespace": "apps"}, "spec": {}}) == []
     assert kube.token_refs({"metadata": {"namespace": "apps"},
                             "spec": {"authSecretRef": "oops"}}) == []
+
+
+def test_a_token_read_in_flight_when_its_last_user_goes_keeps_no_value(h: Harness) -> None:
+    # A reconcile is mid-GET of its token when its HimitsuSecret is deleted: the forget
+    # runs first; the read must not cache the value afterwards (nothing would sweep it).
+    in_get, release = threading.Event(), threading.Event()
+    inner = h.rest.request
+
+    def held_request(method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        in_get.set()
+        assert release.wait(TIMEOUT)
+        return inner(method, path, **kwargs)
+
+    h.rest.request = held_request  # type: ignore[method-assign]
+    h.rest.answer("GET", token_path("tok-0"), secret("tok-0", token=TOKEN))
+    reader = threading.Thread(target=h.client.read_secret_value,
+                              args=("apps", "tok-0", "token"))
+    reader.start()
+    assert in_get.wait(TIMEOUT)
+    h.client.forget_token_of(hsec_naming("tok-0"), still_named=lambda ref: False)
+    release.set()
+    reader.join(TIMEOUT)
+    assert not reader.is_alive()
+    assert h.client.cache_sizes() == {"tokens": 0, "readers": 0}
+
+
+def test_a_token_read_for_a_himitsu_secret_already_gone_keeps_no_value(h: Harness) -> None:
+    # Deleted (and forgotten) after its reconcile read it from the cache, before the
+    # token read began: no forget can come later, so the read asks who still names it.
+    named = {"apps/tok-1/token"}
+    h.client.track_token_users(named.__contains__)
+    read_tokens(h, 2)
+    assert h.client.cache_sizes() == {"tokens": 1, "readers": 0}
+    sent = len(h.rest.sent)
+    h.client.read_secret_value("apps", "tok-1", "token")
+    assert len(h.rest.sent) == sent  # the one still named is cached
