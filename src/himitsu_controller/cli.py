@@ -14,7 +14,8 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -52,18 +53,48 @@ API_URLS_PLACEHOLDER = "REPLACE-WITH-YOUR-HIMITSU-API-URLS"
 # A resync queues every HimitsuSecret at once: a safety net, never the poll schedule
 # (refreshInterval is), so more often than this is refused rather than obeyed.
 MIN_SYNC_PERIOD = 60.0
+# At startup an unreachable apiserver is waited for (with backoff, logged) this long, under
+# the liveness probe's first restart (15 s + 3 x 20 s): no CrashLoopBackOff for a short
+# outage. A pod already running never restarts for one (see runtime/manager.py).
+STARTUP_API_WAIT = 60.0
+STARTUP_API_BACKOFF = (1.0, 10.0)  # first delay, cap
+WATCH_LIVENESS_MIN = 10.0
 
 
 def _duration(text: str) -> float:
-    """A Go duration (``15s``, ``1m30s``, ``500ms``), as every duration flag takes and shows."""
+    """A Go duration (``15s``, ``1m30s``, ``500ms``), as every duration flag takes and shows;
+    0 or more (``-0`` is 0, as in Go)."""
     bare = text.strip()
-    if bare.replace(".", "", 1).isdigit() and float(bare) != 0:  # Go takes "0" alone
+    if bare.lstrip("+-").replace(".", "", 1).isdigit() and float(bare) != 0:  # Go: "0" alone
         raise argparse.ArgumentTypeError(
-            f"{bare!r} has no unit: write a Go duration such as {bare}s or 1m30s")
+            f"{bare!r} has no unit: write a Go duration such as {bare.lstrip('+-')}s or 1m30s")
+    negative = bare.startswith("-")
     try:
-        return api.parse_duration(text)
+        value = api.parse_duration(bare[1:] if negative else bare)
     except api.InvalidSpec as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("refreshInterval", "duration")) from None
+    if negative and value != 0:
+        raise argparse.ArgumentTypeError(f"{bare!r} is negative: it takes 0 or more, e.g. 30s")
+    return value
+
+
+def _duration_at_least(least: float, *, off: bool) -> Callable[[str], float]:
+    """A duration flag of ``least`` or more (``off``: or 0, which turns it off)."""
+    allowed = "more than 0" if least == 0 else f"at least {api.format_duration(least)}"
+    allowed = f"0 (off) or {allowed}" if off else allowed
+
+    def parse(text: str) -> float:
+        value = _duration(text)
+        if value == 0 and off:
+            return value
+        if value <= 0 or value < least:
+            raise argparse.ArgumentTypeError(f"{text.strip()!r} is too short: it takes {allowed}")
+        return value
+
+    return parse
+
+
+_positive_duration = _duration_at_least(0, off=False)
 
 
 def _sync_period(text: str) -> float:
@@ -122,11 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--leader-election-id", default=LEASE_NAME, help="name of the Lease")
     # Duration defaults are strings: argparse parses them like the command line, and the
     # help then shows them as a user writes them (15s, not 15.0).
-    le.add_argument("--leader-election-lease-duration", type=_duration, default="15s",
+    le.add_argument("--leader-election-lease-duration", type=_positive_duration, default="15s",
                     metavar="DURATION", help="how long a standby waits before taking over")
-    le.add_argument("--leader-election-renew-deadline", type=_duration, default="10s",
+    le.add_argument("--leader-election-renew-deadline", type=_positive_duration, default="10s",
                     metavar="DURATION", help="how long the leader retries renewing")
-    le.add_argument("--leader-election-retry-period", type=_duration, default="2s",
+    le.add_argument("--leader-election-retry-period", type=_positive_duration, default="2s",
                     metavar="DURATION", help="interval between acquire/renew attempts")
     ops = p.add_argument_group("serving and limits")
     ops.add_argument("--metrics-bind-address", default=":8080",
@@ -136,10 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     ops.add_argument("--graceful-shutdown-timeout", type=_duration, default="30s",
                      metavar="DURATION", help="bound on the whole shutdown: draining in-flight "
                      "reconciles, flushing Events, releasing the Lease, stopping watches")
-    ops.add_argument("--watch-liveness-timeout", type=_duration, default="5m",
-                     metavar="DURATION",
-                     help="/healthz fails (the kubelet restarts the pod) once a cache has had "
-                          "no working watch this long; 0 disables")
+    ops.add_argument("--watch-liveness-timeout", default="5m", metavar="DURATION",
+                     type=_duration_at_least(WATCH_LIVENESS_MIN, off=True),
+                     help="/healthz fails (the kubelet restarts the pod) once the apiserver "
+                          "has answered this long without a working watch for a cache (an "
+                          "unreachable apiserver does not count); at least 10s, 0 disables")
     ops.add_argument("--kube-api-qps", type=_positive_float, default=150.0,
                      help="client-side request rate limit towards kube-apiserver")
     ops.add_argument("--kube-api-burst", type=_positive_int, default=300,
@@ -186,7 +218,9 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         qps=args.kube_api_qps, burst=args.kube_api_burst,
         user_agent=f"himitsu-controller/{__version__}", write_gate=gate,
     )
-    _check_reachable(rest, args.namespace)
+    election = (_leader_election(elector_client(args.kubeconfig), args, gate)
+                if gate is not None else None)  # bad flags stop us before any waiting
+    _check_reachable(rest, args.namespace, stop=stop)
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
         indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},
@@ -218,8 +252,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     manager = Manager(
         metrics_bind_address=args.metrics_bind_address,
         health_probe_bind_address=args.health_probe_bind_address,
-        leader_election=_leader_election(elector_client(args.kubeconfig), args, gate)
-        if gate is not None else None,
+        leader_election=election,
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
         events=recorder,
         watch_liveness_timeout=args.watch_liveness_timeout,
@@ -335,10 +368,7 @@ def _target_index(obj: dict[str, Any]) -> list[str]:
 
 def _leader_election(rest: RestClient, args: argparse.Namespace, gate: WriteGate) -> Any:
     namespace = args.leader_election_namespace or _pod_namespace() or "default"
-    if not (args.leader_election_lease_duration > args.leader_election_renew_deadline
-            > args.leader_election_retry_period):
-        raise ConfigError("leader election needs lease-duration > renew-deadline > retry-period")
-    try:
+    try:  # the config's own checks (client-go's), as one line
         config = LeaderElectionConfig(
             namespace=namespace, name=args.leader_election_id, identity=default_identity(),
             lease_duration=args.leader_election_lease_duration,
@@ -365,17 +395,45 @@ def _pod_namespace() -> str | None:
         return None
 
 
-def _check_reachable(rest: RestClient, namespace: str | None) -> None:
-    """Fail fast with one line when the cluster or our CRD is not there."""
+def _check_reachable(rest: RestClient, namespace: str | None, *,
+                     stop: threading.Event | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> None:
+    """One line and exit when our CRD is not there or we are refused (401, 403); while the
+    apiserver is unreachable or answers 5xx/429, wait for it with a backoff for up to
+    STARTUP_API_WAIT, saying why in the log, then give up the same way."""
     path = kube.HIMITSU_SECRETS.path(namespace)
-    try:
-        rest.request("GET", path, query={"limit": 1}, timeout=15.0)
-    except ApiError as exc:
-        if exc.status == 404:
-            raise ConfigError(
-                "the HimitsuSecret CRD is not installed: "
-                "kubectl apply -f deploy/crd/himitsu.io_himitsusecrets.yaml") from None
-        raise
+    pause = stop or threading.Event()
+    deadline = clock() + STARTUP_API_WAIT
+    delay, cap = STARTUP_API_BACKOFF
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            rest.request("GET", path, query={"limit": 1}, timeout=15.0)
+            if attempt > 1:
+                log.info("Kubernetes API reachable", attempts=attempt)
+            return
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ConfigError(
+                    "the HimitsuSecret CRD is not installed: "
+                    "kubectl apply -f deploy/crd/himitsu.io_himitsusecrets.yaml") from None
+            if exc.status < 500 and exc.status != 429:
+                raise
+            failure: ApiError | TransportError = exc
+        except TransportError as exc:
+            failure = exc
+        left = deadline - clock()
+        if left <= 0:
+            log.error("giving up: Kubernetes API unreachable", attempts=attempt,
+                      waited_seconds=STARTUP_API_WAIT, error=str(failure))
+            raise failure
+        wait = min(delay, left)
+        log.warning("Kubernetes API unreachable, waiting for it", error=str(failure),
+                    attempt=attempt, retry_in=round(wait, 1), gives_up_in=round(left, 1))
+        if pause.wait(wait):
+            return  # stopped meanwhile: the manager, given the same stop, returns at once
+        delay = min(cap, delay * 2)
 
 
 def _fatal(message: str) -> int:

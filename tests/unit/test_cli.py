@@ -26,7 +26,7 @@ from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.kubeconfig import ConfigError
 from himitsu_controller.runtime.leaderelection import LeaderElector
 from himitsu_controller.runtime.metrics import REGISTRY
-from himitsu_controller.runtime.rest import RestClient
+from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 
 TIMEOUT = 30.0
 EVENTS_PATH = "/api/v1/namespaces/apps/events"
@@ -243,6 +243,120 @@ def test_a_duration_without_a_unit_is_refused_with_the_fix(
     assert "'15' has no unit: write a Go duration such as 15s" in capsys.readouterr().err
     assert cli.build_parser().parse_args(["--watch-liveness-timeout", "0"]) \
         .watch_liveness_timeout == 0.0
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--graceful-shutdown-timeout", "-1s", "'-1s' is negative: it takes 0 or more"),
+    ("--leader-election-retry-period", "0", "'0' is too short: it takes more than 0"),
+    ("--leader-election-lease-duration", "-5s", "'-5s' is negative"),
+    ("--watch-liveness-timeout", "5s", "'5s' is too short: it takes 0 (off) or at least 10s"),
+])
+def test_a_duration_flag_error_names_the_flag_and_what_it_takes(
+        capsys: pytest.CaptureFixture[str], flag: str, value: str, said: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args([f"{flag}={value}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {said}" in err
+    assert "refreshInterval" not in err and "sync once" not in err
+
+
+def test_minus_zero_is_zero_as_in_go() -> None:
+    parser = cli.build_parser()
+    assert parser.parse_args(["--graceful-shutdown-timeout=-0"]).graceful_shutdown_timeout == 0
+    assert parser.parse_args(["--watch-liveness-timeout=-0s"]).watch_liveness_timeout == 0
+    assert parser.parse_args(["--watch-liveness-timeout=10s"]).watch_liveness_timeout == 10
+
+
+@pytest.mark.parametrize("flags", [
+    ["--leader-election-renew-deadline=2s", "--leader-election-retry-period=1.9s"],
+    ["--leader-election-lease-duration=10s", "--leader-election-renew-deadline=10s"],
+], ids=["renew-under-1.2x-retry", "lease-not-over-renew"])
+def test_a_leader_election_flag_combination_client_go_refuses_is_one_line(
+        tmp_path: Path, flags: list[str]) -> None:
+    server = FakeApiServer().start()  # never asked: bad flags stop the operator first
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "himitsu_controller", "--leader-elect", *flags,
+             "--kubeconfig", str(kubeconfig_for(server, tmp_path / "kubeconfig"))],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 1
+        assert "Traceback" not in result.stderr
+        (line,) = [ln for ln in result.stderr.splitlines() if "error:" in ln]
+        assert line.startswith("himitsu-controller: error: --leader-election-")
+        assert "must be greater than" in line
+        assert server.requests == []
+    finally:
+        server.stop()
+
+
+# Startup waits for an unreachable apiserver (bounded, logged) instead of exiting at once.
+
+class Unreachable:
+    """``request`` fails ``failures`` times (an exception each), then answers."""
+
+    def __init__(self, *failures: Exception) -> None:
+        self.failures = list(failures)
+        self.calls = 0
+
+    def request(self, method: str, path: str, **options: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return {"items": []}
+
+
+class SimulatedWait(threading.Event):
+    """A stop event whose waits pass on a simulated clock at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.waits.append(timeout)
+        self.now += timeout
+        return False
+
+
+def test_startup_waits_for_an_unreachable_apiserver_with_a_backoff_and_says_why() -> None:
+    refused = TransportError("GET /apis/...: NewConnectionError: Connection refused")
+    rest = Unreachable(refused, refused, ApiError(503, "ServiceUnavailable", "starting"), refused)
+    stop = SimulatedWait()
+    with structlog.testing.capture_logs() as logs:
+        cli._check_reachable(rest, None, stop=stop, clock=lambda: stop.now)  # type: ignore[arg-type]
+    assert rest.calls == 5
+    assert stop.waits == [1.0, 2.0, 4.0, 8.0]
+    waiting = [e for e in logs if e["event"] == "Kubernetes API unreachable, waiting for it"]
+    assert [e["attempt"] for e in waiting] == [1, 2, 3, 4]
+    assert "Connection refused" in waiting[0]["error"]
+    assert {"event": "Kubernetes API reachable", "attempts": 5, "log_level": "info"} in logs
+
+
+def test_startup_gives_up_on_an_unreachable_apiserver_after_a_bound() -> None:
+    refused = TransportError("Connection refused")
+    rest = Unreachable(*[refused] * 100)
+    stop = SimulatedWait()
+    with structlog.testing.capture_logs() as logs, pytest.raises(TransportError):
+        cli._check_reachable(rest, None, stop=stop, clock=lambda: stop.now)  # type: ignore[arg-type]
+    assert sum(stop.waits) == pytest.approx(cli.STARTUP_API_WAIT)
+    assert max(stop.waits) <= cli.STARTUP_API_BACKOFF[1]
+    assert any(e["event"] == "giving up: Kubernetes API unreachable" for e in logs)
+
+
+@pytest.mark.parametrize(("answer", "raised"), [
+    (ApiError(403, "Forbidden", "cannot list"), ApiError),
+    (ApiError(404, "NotFound", "no such resource"), ConfigError),
+])
+def test_startup_does_not_wait_when_the_apiserver_refuses_us(
+        answer: ApiError, raised: type[Exception]) -> None:
+    rest = Unreachable(answer)
+    stop = SimulatedWait()
+    with pytest.raises(raised):
+        cli._check_reachable(rest, None, stop=stop, clock=lambda: stop.now)  # type: ignore[arg-type]
+    assert stop.waits == []
 
 
 # The token cache follows the HimitsuSecrets that name a token.
