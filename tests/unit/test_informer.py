@@ -235,13 +235,18 @@ def test_a_410_soon_after_a_relist_backs_off_even_after_events(
     now = [1000.0]
     running = start(clock=lambda: now[0], sleep=lambda stop, seconds: waits.append(seconds))
     session = synced_watch(server, running)
+    expired = {"type": "ERROR", "object": status_body(410, "Expired", "too old")}
     session.send({"type": "ADDED", "object": server.put("a")})
-    assert running.recorder.take(1) == [("add", "ns/a", "101")]
-    now[0] += 10  # under RELIST_AT_ONCE_AFTER since the list
-    session.send({"type": "ERROR", "object": status_body(410, "Expired", "too old")})
+    session.send(expired)  # the first 410, after a watch that worked: at once
+    session = server.next_watch()
+    assert waits == []
+    session.send({"type": "ADDED", "object": server.put("b")})
+    assert running.recorder.take(2) == [("add", "ns/a", "101"), ("add", "ns/b", "102")]
+    now[0] += 10  # under RELIST_AT_ONCE_AFTER since that relist: a repeat
+    session.send(expired)
     server.next_watch()
     assert waits == [pytest.approx(0.8)]
-    assert len(server.requests_of("GET", watch=False)) == 2
+    assert len(server.requests_of("GET", watch=False)) == 3
 
 
 def test_expired_continue_token_restarts_the_list_in_one_page(

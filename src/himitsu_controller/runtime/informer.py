@@ -15,7 +15,7 @@ relist-on-410 diff. A controller needs the reflector's guarantees:
   resourceVersion seen: no relist, no duplicate events. As client-go's reflector, the
   other ends relist: an expired resourceVersion (410) at once after a watch that worked;
   a 410 again within RELIST_AT_ONCE_AFTER of the last relist, or before anything was
-  delivered since it, after a backoff (else a resource version that keeps expiring
+  delivered since the last list, after a backoff (else a resource version that keeps expiring
   would relist in a loop, each a full LIST); any other ERROR event (a
   504 "too large resource version" after an etcd restore, a 500, a 403), a watch
   request that fails, a stream that is not events or a watch that dies within a second
@@ -67,9 +67,9 @@ WATCH_TIMEOUT_MIN = 300
 WATCH_TIMEOUT_SPREAD = 300
 # client-go's "very short watch": ended in under a second with no event -> back off.
 SHORT_WATCH = 1.0
-# A 410 relists at once only this long after the last relist, and once the watch has
-# delivered something since; sooner, it goes through the backoff (client-go backs off
-# every ListAndWatch return).
+# A 410 relists at once only this long after the last relist (the first list aside), and
+# once a watch has delivered something since the last list; else it goes through the
+# backoff (client-go backs off every ListAndWatch return).
 RELIST_AT_ONCE_AFTER = 30.0
 
 
@@ -135,7 +135,7 @@ class Informer:
         self._state_lock = threading.Lock()
         self._failing_since: float | None = None
         self._stalled_since: float | None = None
-        self._listed_at: float | None = None
+        self._relisted_at: float | None = None
         self._delivered_since_list = 0
         self._sleep = sleep or (lambda stop, seconds: stop.wait(seconds))
         self._stream: WatchStream | None = None
@@ -222,8 +222,9 @@ class Informer:
     def _relisted_lately(self) -> bool:
         """Whether a 410 now would make a relist loop: nothing delivered since the last
         relist, or that relist was under RELIST_AT_ONCE_AFTER ago."""
-        return (self._delivered_since_list == 0 or self._listed_at is None
-                or self._clock() - self._listed_at < RELIST_AT_ONCE_AFTER)
+        return self._delivered_since_list == 0 or (
+            self._relisted_at is not None
+            and self._clock() - self._relisted_at < RELIST_AT_ONCE_AFTER)
 
     def _close_stream_on(self, stop: threading.Event) -> None:
         stop.wait()
@@ -262,7 +263,8 @@ class Informer:
             for obj in deleted:
                 self._dispatch("delete", obj)
         self._rv = rv
-        self._listed_at = self._clock()
+        if self._synced.is_set():
+            self._relisted_at = self._clock()
         self._delivered_since_list = 0
         self._synced.set()
         log.info("informer listed", informer=self.name, objects=len(items),
