@@ -55,6 +55,11 @@ TAKEOVER_AFTER_KILL = LEASE_DURATION + RETRY_PERIOD * (1 + JITTER_FACTOR) + SLAC
 HANDOVER_AFTER_TERM = 6.0  # half the lease duration: only a released Lease allows it
 LOAD = 6
 SHORT_LEASE = ("4s", "3s", "1s")
+# The hung-leader test checks a margin: a write may run until renew deadline + half of
+# (lease - renew deadline) after its renewal, the standby leads a lease later. With 4s/3s
+# that is 0.5 s for a watchdog thread on a loaded 2-core machine; the defaults' shape
+# (12s/8s: 2 s) keeps it a test of the rule rather than of the scheduler.
+HANG_LEASE = LEASE
 # Longer than it takes the standby to lead and write (lease duration + a poll), shorter
 # than the Himitsu client's 15 s read timeout.
 HELD_ANSWER = 12.0
@@ -275,9 +280,9 @@ def test_a_leader_whose_connections_hang_writes_nothing_once_its_lease_can_be_ta
     audit = AuditLog(cluster.audit_log_path)
     lease = replicas.lease
     replicas.kubeconfigs[HUNG_SA] = proxied.kubeconfig
-    leader = replicas.start(HUNG_SA, "hung-leader", timings=SHORT_LEASE)
+    leader = replicas.start(HUNG_SA, "hung-leader", timings=HANG_LEASE)
     wait_for(lambda: leading(leader, lease), timeout=30, what="the proxied replica to lead")
-    standby = replicas.start(SECOND_SA, "standby", timings=SHORT_LEASE)
+    standby = replicas.start(SECOND_SA, "standby", timings=HANG_LEASE)
     wait_for(lambda: log_events(standby, "lease holder observed"), timeout=30,
              what="the standby to see the leader's Lease")
     syncs = [h.sync(ns, "API_KEY", name=f"hung{i}", target=f"hung{i}-secrets", refresh="1s",
@@ -315,5 +320,5 @@ def test_a_leader_whose_connections_hang_writes_nothing_once_its_lease_can_be_ta
     (lost,) = log_events(leader, "leadership lost: could not renew the lease in time")
     last_old = max((e.completed for e in writes if e.user == old), default=frozen_at)
     print(f"{comeback}: leader stopped leading {_logged_at(lost) - frozen_at:.1f} s after its "
-          f"connections hung (lease {SHORT_LEASE[0]}, renew deadline {SHORT_LEASE[1]}); "
+          f"connections hung (lease {HANG_LEASE[0]}, renew deadline {HANG_LEASE[1]}); "
           f"its last write completed {taken - last_old:.2f} s before the takeover")

@@ -6,7 +6,6 @@ different tokens never share (revoking one fails only its own HimitsuSecret).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
@@ -18,7 +17,6 @@ from .kubehelp import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
 
-REFRESH_SECONDS = 2.0
 POLLS = 5
 
 
@@ -36,16 +34,19 @@ def test_shared_polls_serve_every_sharer_and_never_mix_tokens(
     for ns in (*sharers, loner):
         h.wait_data(ns, "app-secrets", values)
 
-    shared_fp = fingerprint(shared_token)
+    shared_fp, own_fp = fingerprint(shared_token), fingerprint(own_token)
     mark = h.standin.mark(env)
-    started = time.monotonic()
     wait_for(lambda: sum(r["token_fingerprint"] == shared_fp
                          for r in h.standin.requests_after(env, mark)) >= POLLS,
              timeout=60, what=f"{POLLS} polls with the shared token")
-    elapsed = time.monotonic() - started
-    shared_polls = [r for r in h.standin.requests_after(env, mark)
-                    if r["token_fingerprint"] == shared_fp]
-    assert len(shared_polls) <= elapsed / REFRESH_SECONDS + 2, "the sharers polled apart"
+    seen = h.standin.requests_after(env, mark)
+    shared_polls = [r for r in seen if r["token_fingerprint"] == shared_fp]
+    loner_polls = [r for r in seen if r["token_fingerprint"] == own_fp]
+    # The loner polls once a round on its own: two sharers that shared one poll a round
+    # asked about as often, two that polled apart twice as often. Compared with the
+    # loner over the same window, not with a wall clock, so a slow machine changes nothing.
+    assert len(shared_polls) <= len(loner_polls) + 2, (
+        f"the sharers polled apart: {len(shared_polls)} polls vs the loner's {len(loner_polls)}")
 
     changed = {**values, "API_KEY": h.canary.value("shared-rotation")}
     h.standin.set_secrets(env, {"API_KEY": changed["API_KEY"]})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,17 @@ import pytest
 import urllib3.util.connection
 from fake_apiserver import FakeApiServer
 from fakes import SleepClock
+from hypothesis import HealthCheck, settings
 from kubernetes import client as k8s
+
+# Property and model-based tests judge behaviour, never speed: no per-example deadline and
+# no too_slow health check (a loaded 2-core CI machine is slow, not wrong). Under CI the
+# examples are derandomized, so a CI run is reproducible; locally each run explores anew.
+settings.register_profile(
+    "himitsu", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+    derandomize=bool(os.environ.get("CI")),
+)
+settings.load_profile("himitsu")
 
 
 @pytest.fixture

@@ -192,7 +192,7 @@ class FakeApiServer:
 
     # Test-side waiting.
 
-    def next_watch(self, timeout: float = 5.0) -> WatchSession:
+    def next_watch(self, timeout: float = 15.0) -> WatchSession:
         return self._watches.get(timeout=timeout)
 
     def requests_of(self, method: str, *, watch: bool | None = None) -> list[Recorded]:

@@ -133,6 +133,7 @@ def test_run_hands_one_write_gate_to_the_reconcile_client_the_recorder_and_the_e
         finally:
             stop.set()
             runner.join(TIMEOUT)
+        assert not runner.is_alive(), "cli.run did not stop"
     finally:
         server.stop()
     assert set(gates) == {"reconcile", "events", "leader-election", "elector"}

@@ -461,7 +461,7 @@ def test_counters_and_log_identify_tokens_by_fingerprint_only(world: World) -> N
 def test_wait_for_requests_wakes_on_a_matching_request(world: World) -> None:
     assert not world.standin.wait_for_requests(1, timeout=0.01)
     threading.Thread(target=fetch, args=(world,), daemon=True).start()
-    assert world.standin.wait_for_requests(1, environment=world.env, status=200, timeout=5)
+    assert world.standin.wait_for_requests(1, environment=world.env, status=200, timeout=15)
     assert not world.standin.wait_for_requests(1, status=304, timeout=0.01)
 
 

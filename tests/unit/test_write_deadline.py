@@ -198,7 +198,7 @@ def test_a_gated_write_blocked_in_send_is_reset_and_its_queued_bytes_never_arriv
     rest, gate, client = gated_client(server.url)
     body = {"metadata": {"name": "a", "namespace": "ns"}, "data": "x" * request_size}
     try:
-        open_gate(gate, for_seconds=2.0, writes_for=2.5)  # encoding 16 MiB takes a while
+        open_gate(gate, for_seconds=5.0, writes_for=5.5)  # encoding 16 MiB takes a while
         with pytest.raises(TransportError, match="connection aborted"):
             rest.update(WIDGETS, body, timeout=30.0)
         done.set()

@@ -128,9 +128,20 @@ class Deadline:
             return True
 
     def finish(self) -> bool:
-        """The request is over: the watchdog leaves it alone. True if it fired."""
+        """The request is over: the watchdog leaves it alone. True if it fired.
+
+        A request that ends at or past its deadline without the watchdog having fired
+        (its thread starved on a loaded machine) is aborted here, so a connection still
+        holding its bytes is reset rather than left to deliver them later.
+        """
         with self._lock:
             self._finished = True
+            if not self._expired and time.monotonic() >= self.at:
+                self._expired = True
+                for conn in self._conns:
+                    sock = getattr(conn, "sock", None)
+                    if sock is not None:
+                        _abort(sock)
             self._conns.clear()
             return self._expired
 

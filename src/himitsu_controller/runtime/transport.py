@@ -57,6 +57,7 @@ JSON = "application/json"
 # How long the headers (credentials) and the pool are used before being built again.
 REFRESH_SECONDS = 1.0
 # Timeout objects kept for reuse: the few fixed timeouts callers use, not every deadline.
+_SOCKET_SLACK = 1.0
 _TIMEOUT_CACHE = 16
 
 
@@ -168,7 +169,11 @@ class LeanTransport:
 
     def _timeout(self, seconds: float, deadline: bool) -> urllib3.Timeout:
         if deadline:  # a remainder: not kept
-            return urllib3.Timeout(total=seconds)
+            # The watchdog (runtime/deadline.py) enforces ``seconds`` with a reset; the
+            # socket timeout is a second later so that it never wins the race: a socket
+            # timeout closes the connection gracefully, and a graceful close lets bytes
+            # still queued (a write held by a hung network) arrive after the deadline.
+            return urllib3.Timeout(total=seconds + _SOCKET_SLACK)
         timeout = self._timeouts.get(seconds)
         if timeout is None:
             # total, like the client's REST layer: connect + read together
