@@ -341,6 +341,11 @@ class FakeFetcher:
             raise step
         return step
 
+    def remembered(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+    ) -> himitsu.Fetched | None:
+        return None  # holds nothing
+
     def release(self, reader: str) -> None:
         self.released.append(reader)
 

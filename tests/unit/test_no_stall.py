@@ -140,6 +140,11 @@ class AnyAnswer:
             return himitsu.NotModified(version=5, age=age, jitter=self.jitter)
         return himitsu.Fetched(version=5, secrets=values(), age=age, jitter=self.jitter)
 
+    def remembered(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+    ) -> himitsu.Fetched | None:
+        return None  # holds nothing
+
     def release(self, reader: str) -> None:
         pass
 

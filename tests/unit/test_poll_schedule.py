@@ -230,6 +230,14 @@ class Simulation:
             at=self.clock.t, answered=self.clock.t - result.age, timed=self._reason == "timer"))
         return result
 
+    def remembered(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+    ) -> himitsu.Fetched | None:
+        poller = self._pollers.get("shared" if self._shared else self._current)
+        return None if poller is None else poller.remembered(
+            api_url=api_url, project_id=project_id, environment_id=environment_id,
+            token=token)
+
     def release(self, reader: str) -> None:
         for poller in self._pollers.values():
             poller.release(reader)

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from himitsu_controller import himitsu
-from himitsu_controller.sync.polls import LocallyRateLimited, SharedPoller
+from himitsu_controller.sync.polls import (
+    FAILURE_HOLD,
+    Blocked,
+    LocallyRateLimited,
+    SharedPoller,
+)
 
 API = "https://himitsu.example.com"
 PROJECT = "11111111-1111-1111-1111-111111111111"
@@ -171,12 +176,13 @@ def test_concurrent_readers_wait_for_one_request(
 
 
 def test_a_failed_request_fails_its_waiters_and_is_not_cached(
-    poller: SharedPoller, client: FakeClient,
+    poller: SharedPoller, client: FakeClient, clock: Clock,
 ) -> None:
     client.error = himitsu.ServerError("the Himitsu API answered 503", status=503)
     with pytest.raises(himitsu.ServerError):
         fetch(poller)
     client.error = None
+    clock.now += FAILURE_HOLD
     assert secrets_of(fetch(poller)) == {"K": "a"}
     assert len(client.calls) == 2
 
@@ -395,3 +401,91 @@ def test_live_readers_keep_their_source_however_long_idle(
         secrets_of(fetch(poller, env=env, reader=f"ns/{env}", known=None, max_age=0.0))
         clock.now += 1.0
     assert [c[2] for c in client.calls] == [5] * len(envs)
+
+
+def test_a_429_takes_nothing_away_from_an_answer_the_caller_may_still_take(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    # Issue 11 review E: the block was checked before the cache, so one 429 (a repair's
+    # request) failed every reader of the source, even those asking for an answer it
+    # already held (a label-only spec edit takes one up to half an interval old).
+    fetch(poller, reader="ns/a")
+    clock.now += 10
+    client.error = himitsu.RateLimited("rate limited", retry_after=30)
+    with pytest.raises(himitsu.RateLimited):
+        fetch(poller, max_age=0.0, reader="ns/b")
+    assert secrets_of(fetch(poller, max_age=30.0, reader="ns/c")) == {"K": "a"}
+    assert isinstance(fetch(poller, known=5, max_age=30.0), himitsu.NotModified)
+    with pytest.raises(Blocked):  # not sent: the caller waits, as for our own pacing
+        fetch(poller, max_age=5.0)
+    assert len(client.calls) == 2
+
+
+@pytest.mark.parametrize("error", [
+    himitsu.ServerError("the Himitsu API answered 503", status=503),
+    himitsu.TransportError("connection refused"),
+])
+def test_a_failed_source_is_not_asked_again_for_a_moment(
+    poller: SharedPoller, client: FakeClient, clock: Clock, error: Exception,
+) -> None:
+    # A mass repair during an outage: one request per source, not one per object.
+    client.error = error
+    with pytest.raises(type(error)):
+        fetch(poller, max_age=0.0)
+    for _ in range(10):
+        with pytest.raises(Blocked) as held:
+            fetch(poller, max_age=2.0)
+        assert 0 < held.value.retry_after <= FAILURE_HOLD
+    assert len(client.calls) == 1
+    clock.now += FAILURE_HOLD
+    client.error = None
+    assert secrets_of(fetch(poller, max_age=0.0)) == {"K": "a"}
+
+
+def test_remembered_gives_the_secrets_of_exactly_this_source(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    def remembered(token: str, env: str = ENV) -> himitsu.Fetched | None:
+        return poller.remembered(api_url=API, project_id=PROJECT, environment_id=env,
+                                 token=token)
+
+    assert remembered(TOKEN_A) is None
+    fetch(poller, reader="ns/a")
+    clock.now += 100
+    held = remembered(TOKEN_A)
+    assert held is not None and held.secrets == {"K": "a"} and held.age == 100
+    assert remembered(TOKEN_B) is None and remembered(TOKEN_A, env=ENV2) is None
+    poller.release("ns/a")
+    assert remembered(TOKEN_A) is None
+
+
+def test_an_answers_age_counts_from_when_its_request_was_sent(
+    poller: SharedPoller, client: FakeClient, clock: Clock,
+) -> None:
+    # A caller that joins a flight sent before it arrived sees an age above zero: Himitsu
+    # answered from before the caller began (the reconciler revalidates a repair then).
+    client.gate = threading.Event()
+    results: list[himitsu.FetchResult] = []
+    leader = threading.Thread(target=lambda: results.append(fetch(poller, max_age=0.0)))
+    leader.start()
+    deadline = threading.Event()
+    while not client.calls and not deadline.wait(0.01):
+        pass
+    clock.now += 3.0  # the request is on the wire for 3 s
+    (flight,) = poller._flights.values()
+    waiting = threading.Event()
+
+    class Done(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waiting.set()
+            return super().wait(timeout)
+
+    flight.done = Done()
+    joiner = threading.Thread(target=lambda: results.append(fetch(poller, max_age=2.0)))
+    joiner.start()
+    assert waiting.wait(10)  # the joiner waits on the flight
+    client.gate.set()
+    leader.join(10)
+    joiner.join(10)
+    assert len(client.calls) == 1
+    assert [r.age for r in results] == [3.0, 3.0]

@@ -18,7 +18,13 @@ target in sync is confirmed by a 304 too: no secret material on the wire in eith
 Memory follows live objects: each caller names itself (``reader``), and a source's
 entry, secrets included, is dropped when its last reader is ``release``d (the reconciler
 does it when a HimitsuSecret is gone), never while a request for it is in flight.
-Entries fetched without a reader are dropped once idle for an hour.
+Entries fetched without a reader are dropped once idle for an hour. A HimitsuSecret
+with refreshInterval 0 stays a reader for its whole life, on purpose: the memory is what
+rebuilds its target, deleted while Himitsu fails, without a request (``remembered``).
+
+An answer's age counts from the moment its request was sent: Himitsu's data is at least
+that recent, and a caller that joined a flight sent before it arrived sees an age above
+zero (the reconciler revalidates a first sync or a repair that took such an answer).
 
 Requests are also paced below Himitsu's limits, per token (120/min per API key) and per
 API URL (300/min per client IP, which every token this operator holds shares). A request
@@ -46,6 +52,7 @@ TOKEN_BURST = 20.0
 API_RATE_PER_MINUTE = 250.0
 API_BURST = 50.0
 IDLE_TTL = 3600.0
+FAILURE_HOLD = 1.0  # a source whose request failed (5xx, transport) is not asked again sooner
 
 
 class Client(Protocol):
@@ -59,12 +66,20 @@ class LocallyRateLimited(himitsu.RateLimited):
     """The request was not sent: this token's pace would exceed Himitsu's limit."""
 
 
+class Blocked(LocallyRateLimited):
+    """The request was not sent: Himitsu refused this source's last request (a 429 until
+    its Retry-After, a 5xx or a transport error for ``FAILURE_HOLD``). The reader whose
+    request it was had that error; the others wait as they would for our own pacing, so
+    a mass repair during an outage costs one request per source, not one per object."""
+
+
 @dataclass
 class _Entry:
     at: float = 0.0
     version: int | None = None
     secrets: Mapping[str, str] | None = field(default=None, repr=False)
     blocked_until: float = 0.0
+    refusal: str = "rate limited by the Himitsu API"  # why blocked (the failure said the rest)
     jitter: float = 0.0  # drawn once per request; see ``SharedPoller``
     readers: set[str] = field(default_factory=set)
     released: bool = False  # its last reader left while a request was in flight
@@ -144,6 +159,20 @@ class SharedPoller:
                     del self._entries[source]
             flight.done.set()
 
+    def remembered(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+    ) -> himitsu.Fetched | None:
+        """The secrets held for this exact source (the token's hash included), with their
+        age, whatever it is; None when none are held. For a target that must be written
+        while Himitsu cannot be asked: a missing Secret is worse than a stale one."""
+        source = himitsu.source_fingerprint(api_url, project_id, environment_id, token)
+        with self._lock:
+            entry = self._entries.get(source)
+            if entry is None or entry.secrets is None or entry.version is None:
+                return None
+            return himitsu.Fetched(version=entry.version, secrets=entry.secrets,
+                                   age=max(0.0, self._clock() - entry.at), jitter=entry.jitter)
+
     def release(self, reader: str) -> None:
         """``reader`` reads nothing any more; its source's entry goes with its last reader."""
         with self._lock:
@@ -179,15 +208,17 @@ class SharedPoller:
         if entry is None:
             return None
         now = self._clock()
+        age = now - entry.at
+        if max_age > 0 and age <= max_age:  # a 429 since takes nothing away from an answer
+            answer = _answer(entry, known, age)
+            if answer is not None:
+                return answer
         if entry.blocked_until > now:  # Himitsu answered 429 for this source: everyone waits
             wait = entry.blocked_until - now
-            raise himitsu.RateLimited(
-                f"rate limited by the Himitsu API, retrying in {max(1, round(wait))} s",
+            raise Blocked(
+                f"{entry.refusal}, retrying in {max(1, round(wait))} s",
                 retry_after=wait)
-        age = now - entry.at
-        if max_age <= 0 or age > max_age:
-            return None
-        return _answer(entry, known, age)
+        return None
 
     def _request(
         self, source: str, *, api_url: str, project_id: str, environment_id: str, token: str,
@@ -202,6 +233,7 @@ class SharedPoller:
         with self._lock:
             entry = self._entries.setdefault(source, _Entry())
             held = entry.version if entry.secrets is not None else known
+            sent = self._clock()
         try:
             result = self._client.fetch(
                 api_url=api_url, project_id=project_id, environment_id=environment_id,
@@ -209,18 +241,24 @@ class SharedPoller:
         except himitsu.RateLimited as exc:
             with self._lock:
                 entry.blocked_until = self._clock() + float(exc.retry_after)
+                entry.refusal = "rate limited by the Himitsu API"
+            raise
+        except (himitsu.ServerError, himitsu.TransportError):
+            with self._lock:
+                entry.blocked_until = self._clock() + FAILURE_HOLD
+                entry.refusal = "the Himitsu API failed a moment ago"
             raise
         with self._lock:
             # ``entry`` is ours for the flight (it is never dropped meanwhile, and if it
             # were, the answer below is still the one Himitsu gave to this request).
-            entry.at = self._clock()
+            entry.at = sent
             entry.jitter = self._rng()
             entry.blocked_until = 0.0
             if isinstance(result, himitsu.Fetched):
                 entry.version, entry.secrets = result.version, result.secrets
             elif result.version != entry.version:
                 entry.version, entry.secrets = result.version, None
-            answer = _answer(entry, known, 0.0)
+            answer = _answer(entry, known, max(0.0, self._clock() - sent))
             self._evict_idle(entry.at)
         if answer is None:  # a 304 for a version we did not send: the client refuses those
             raise himitsu.Undecodable("the Himitsu API answered 304 to an unconditional request")

@@ -73,10 +73,14 @@ class Kube(Protocol):
 class Fetcher(Protocol):
     """``polls.SharedPoller`` in production: may answer from a poll shared with others,
     no older than ``max_age`` seconds (``FetchResult.age`` says how old). ``reader`` (a
-    HimitsuSecret's key) holds what it reads in memory until ``release(reader)``."""
+    HimitsuSecret's key) holds what it reads in memory until ``release(reader)``;
+    ``remembered`` gives those secrets back when Himitsu cannot be asked."""
 
     def fetch(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
         known_version: int | None, max_age: float = 0.0, reader: str | None = None,
     ) -> himitsu.FetchResult: ...
+    def remembered(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+    ) -> himitsu.Fetched | None: ...
     def release(self, reader: str) -> None: ...
