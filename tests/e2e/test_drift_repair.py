@@ -71,6 +71,21 @@ def test_a_target_deleted_after_a_change_comes_back_with_the_new_value(
     assert h.standin.full_fetches(sync.env, after=mark) == []
 
 
+def test_a_target_deleted_while_himitsu_fails_comes_back_from_memory_at_once(
+        h: Harness, ns: str, kube: KubeApi) -> None:
+    # No failure ever leaves a Secret missing that the operator can rebuild: its memory
+    # holds this source's data, so the repair writes it now and asks Himitsu again later.
+    sync = _settled(h, ns)
+    h.wait_answers_older_than(sync.env, schedule.FRESH)  # the repair must revalidate
+    fault = h.standin.fault("error", env=sync.env, status=503)
+    try:
+        kube.delete(secret_path(ns, sync.target))
+        h.wait_data(ns, sync.target, sync.values, timeout=REPAIR_TIMEOUT)
+        h.wait_ready(ns, sync.name)
+    finally:
+        h.standin.clear_faults(fault)
+
+
 def test_edited_config_version_annotation_is_repaired_by_a_full_sync(h: Harness, ns: str,
                                                                     kube: KubeApi) -> None:
     sync = _settled(h, ns)

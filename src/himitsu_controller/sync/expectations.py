@@ -32,6 +32,11 @@ class Memory:
     cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
     answered: float | None = None  # when Himitsu gave the answer the target holds (epoch s)
     interval: float = 0.0  # the refreshInterval `answered` and `due` were scheduled with
+    reads: tuple[str, ...] | None = None  # the spec's source (URL, env, token ref) last read
+    source: str | None = None  # the poller source (token hash included) last fetched
+    # A first sync or repair wrote an answer older than its reconcile (shared, or from
+    # memory while Himitsu refused): it takes only an answer asked for since this moment.
+    revalidate: float | None = None
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""

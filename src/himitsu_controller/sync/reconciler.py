@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -128,7 +128,17 @@ class HimitsuSecretReconciler:
             # narrowed binding (or a replaced token) count at once.
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name,
                                 spec.auth_secret_key)
+        began = self._now().timestamp()
+        reads = (api_url, spec.project_id, spec.environment_id, spec.auth_secret_name,
+                 spec.auth_secret_key)
+        if mem.reads != reads:
+            # Memory follows the spec: the old source's secrets go with its last reader
+            # even if this reconcile fails before it reads anything (a missing token).
+            self._fetcher.release(ctx.key)
+            mem.reads, mem.source, mem.revalidate = reads, None, None
         token = self._token(ctx.owner.namespace, spec, api_url)
+        source = himitsu.source_fingerprint(api_url, spec.project_id, spec.environment_id,
+                                            token)
         target = self._read_target(ctx, spec, mem)
         try:
             targets.check_ownership(
@@ -138,14 +148,26 @@ class HimitsuSecretReconciler:
             )
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
-        intact = targets.holds_data(  # its metadata may still need a repair
+        held = targets.holds_data(  # its metadata may still need a repair
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
-        known = self._known_version(ctx, intact=intact and targets.holds_stamps(
+        # The data must be written anew (a first sync, a repair, another token: a token's
+        # hash is no part of the target's source stamp, but it is the poller's source).
+        intact = held and mem.source in (None, source)
+        known = self._known_version(ctx, intact=held and targets.holds_stamps(
             target, owner=ctx.owner, spec=spec))
-        result = self._fetch(ctx, spec, token, known,
-                             window=self._window(spec, mem, intact=intact), api_url=api_url)
+        floor = ctx.status.config_version if held else None
+        result, retry = self._fetch(
+            ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
+            api_url=api_url, floor=floor, fallback=not intact)
+        mem.source = source
         polled = self._now().timestamp()
         answered = polled - result.age
+        if retry is not None or (not intact and answered < began):
+            # Written from an answer older than this reconcile (Himitsu refused, or it was
+            # shared): one revalidation soon, shared by every reader that did the same.
+            mem.revalidate = began if mem.revalidate is None else mem.revalidate
+        elif mem.revalidate is not None and answered >= mem.revalidate:
+            mem.revalidate = None
         # Lateness is a timed poll's only, against the interval it was due under.
         timed = schedule.is_due(polled, mem.due)
         if timed:
@@ -175,6 +197,9 @@ class HimitsuSecretReconciler:
         mem.due = schedule.next_due(
             spec.refresh_interval, answered=answered,
             fraction=self._rng() if result.jitter is None else result.jitter)
+        if mem.revalidate is not None:
+            soon = polled + retry if retry is not None else answered + schedule.FRESH
+            mem.due = soon if mem.due is None else min(mem.due, soon)
         return self._until_due(mem)
 
     @staticmethod
@@ -287,37 +312,56 @@ class HimitsuSecretReconciler:
 
     def _fetch(
         self, ctx: _Context, spec: api.Spec, token: str, known: int | None, *,
-        window: float, api_url: str,
-    ) -> himitsu.FetchResult:
+        window: float, api_url: str, floor: int | None, fallback: bool,
+    ) -> tuple[himitsu.FetchResult, float | None]:
+        """Himitsu's answer, and None; or, for a write that cannot wait (``fallback``: a
+        first sync or a repair) while Himitsu cannot be asked (429, 5xx, transport,
+        pacing), the secrets the poller holds for this very source and when to try again.
+
+        ``floor``: the version the target's data holds; an answer below it (another
+        token's older one) is never written: Himitsu is asked instead."""
         # A user's force-sync asks Himitsu itself; otherwise an answer shared with other
         # HimitsuSecrets reading the same source is fine within `window`
         # (schedule.share_window says how old, and why that keeps the lag bounded).
         forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
         max_age = 0.0 if forced else window
+        source = {"api_url": api_url, "project_id": spec.project_id,
+                  "environment_id": spec.environment_id, "token": token}
         try:
             result = self._fetcher.fetch(
-                api_url=api_url, project_id=spec.project_id,
-                environment_id=spec.environment_id, token=token, known_version=known,
-                max_age=max_age, reader=ctx.key,
-            )
-        except polls.LocallyRateLimited as exc:
+                **source, known_version=known, max_age=max_age, reader=ctx.key)
+            if floor is not None and result.version < floor and result.age > 0:
+                result = self._fetcher.fetch(
+                    **source, known_version=known, max_age=0.0, reader=ctx.key)
+        except (himitsu.RateLimited, himitsu.ServerError, himitsu.TransportError) as exc:
+            remembered = self._fetcher.remembered(**source) if fallback else None
+            if remembered is not None and (floor is None or remembered.version >= floor):
+                delay = float(exc.retry_after) if isinstance(exc, himitsu.RateLimited) else 0.0
+                log.info("written from memory, Himitsu to be asked again", key=ctx.key,
+                         error=type(exc).__name__)
+                return remembered, max(1.0, delay)
+            self._fetch_failed(ctx, spec, exc)
+        except himitsu.HimitsuError as exc:
+            self._fetch_failed(ctx, spec, exc)
+        if isinstance(result, himitsu.NotModified) and known is None:
+            raise _Failure("FetchFailure",
+                           "the Himitsu API answered 304 to an unconditional request")
+        return result, None
+
+    def _fetch_failed(self, ctx: _Context, spec: api.Spec, exc: Exception) -> NoReturn:
+        if isinstance(exc, polls.LocallyRateLimited):  # not sent: a quiet wait
             raise _Requeue(max(0.5, exc.retry_after), paced=True) from None
-        except (himitsu.Unauthorized, himitsu.Forbidden) as exc:
+        if isinstance(exc, (himitsu.Unauthorized, himitsu.Forbidden)):
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
             raise _Failure("AuthenticationFailure", str(exc)) from None
-        except (himitsu.BadRequest, himitsu.InvalidInput) as exc:
+        if isinstance(exc, (himitsu.BadRequest, himitsu.InvalidInput)):
             raise _Failure("InvalidSpec", str(exc)) from None
-        except himitsu.RateLimited as exc:
+        if isinstance(exc, himitsu.RateLimited):  # this reconcile's own request got the 429
             delay = max(1.0, float(exc.retry_after))
             raise _Failure("FetchFailure", (
                 f"rate limited by the Himitsu API, retrying in {round(delay)} s"
             ), retry_after=delay) from None
-        except himitsu.HimitsuError as exc:
-            raise _Failure("FetchFailure", str(exc)) from None
-        if isinstance(result, himitsu.NotModified) and known is None:
-            raise _Failure("FetchFailure",
-                           "the Himitsu API answered 304 to an unconditional request")
-        return result
+        raise _Failure("FetchFailure", str(exc)) from None
 
     def _render(self, spec: api.Spec, secrets: Mapping[str, str]) -> dict[str, str]:
         tpl = spec.target.template
@@ -404,6 +448,8 @@ class HimitsuSecretReconciler:
         return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)
 
     def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
+        if mem.revalidate is not None:  # only an answer asked for since (see ``_sync``)
+            return max(0.0, self._now().timestamp() - mem.revalidate)
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
                                      due=mem.due, answered=mem.answered, intact=intact)
 
