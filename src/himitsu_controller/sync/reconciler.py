@@ -129,13 +129,7 @@ class HimitsuSecretReconciler:
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name,
                                 spec.auth_secret_key)
         began = self._now().timestamp()
-        reads = (api_url, spec.project_id, spec.environment_id, spec.auth_secret_name,
-                 spec.auth_secret_key)
-        if mem.reads != reads:
-            # Memory follows the spec: the old source's secrets go with its last reader
-            # even if this reconcile fails before it reads anything (a missing token).
-            self._fetcher.release(ctx.key)
-            mem.reads, mem.source, mem.revalidate = reads, None, None
+        self._follow_spec(ctx, spec, mem, api_url)
         token = self._token(ctx.owner.namespace, spec, api_url)
         source = himitsu.source_fingerprint(api_url, spec.project_id, spec.environment_id,
                                             token)
@@ -201,6 +195,16 @@ class HimitsuSecretReconciler:
             soon = polled + retry if retry is not None else answered + schedule.FRESH
             mem.due = soon if mem.due is None else min(mem.due, soon)
         return self._until_due(mem)
+
+    def _follow_spec(self, ctx: _Context, spec: api.Spec, mem: Memory, api_url: str) -> None:
+        """Memory follows the spec: a HimitsuSecret whose spec names another source leaves
+        the old one (its secrets go with its last reader) even if this reconcile fails
+        before it reads anything (a missing token Secret)."""
+        reads = (api_url, spec.project_id, spec.environment_id, spec.auth_secret_name,
+                 spec.auth_secret_key)
+        if mem.reads != reads:
+            self._fetcher.release(ctx.key)
+            mem.reads, mem.source, mem.revalidate = reads, None, None
 
     @staticmethod
     def _known_version(ctx: _Context, *, intact: bool) -> int | None:

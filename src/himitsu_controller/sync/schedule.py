@@ -2,8 +2,9 @@
 
 The promises these numbers keep: a target never lags Himitsu by more than its
 refreshInterval (plus processing); a first sync or a repair holds Himitsu's data of
-seconds ago (a remembered answer only while Himitsu refuses, revalidated soon); readers of one source (see ``polls``) share one request
-per round and, when their polls have drifted apart, meet on one answer again; polls
+seconds ago (a remembered answer only while Himitsu refuses, revalidated soon);
+readers of one source (see ``polls``) share one request per round and, when their
+polls have drifted apart, meet on one answer again; polls
 of different sources are spread, not bunched; a failure backs off without ever waiting
 longer than the interval (capped at 5 minutes). Pure functions of times in epoch seconds,
 so the reconciler's timing can be read (and tested) in one place.
