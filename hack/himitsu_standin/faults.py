@@ -111,7 +111,7 @@ class FaultBook:
         if fault.kind == "rate_limit":
             wait = str(fault.retry_after)
             return error_answer(429, "too many requests", {
-                "RateLimit-Policy": self._key_limits.policy(),
+                "RateLimit-Policy": self._key_limits.policy(fault.retry_after),
                 "RateLimit-Limit": str(self._key_limits.limit), "RateLimit-Remaining": "0",
                 "RateLimit-Reset": wait, "Retry-After": wait})
         if fault.kind == "wrong_shape":

@@ -165,8 +165,10 @@ class FixedWindows:
         self.limit, self.window, self._clock = limit, window, clock
         self._windows: dict[str, tuple[float, int]] = {}
 
-    def policy(self) -> str:
-        return f"{self.limit};w={self.window:g}"
+    def policy(self, seconds_left: int) -> str:
+        """``RateLimit-Policy`` as the real server sends it: ``w`` is the seconds left in
+        the current window, not the window's length."""
+        return f"{self.limit};w={seconds_left}"
 
     def hit(self, key: str) -> tuple[bool, dict[str, str]]:
         """Count one request; (allowed, the RateLimit-* headers to send)."""
@@ -176,9 +178,10 @@ class FixedWindows:
             start, hits = now, 0
         hits += 1
         self._windows[key] = (start, hits)
-        headers = {"RateLimit-Policy": self.policy(), "RateLimit-Limit": str(self.limit),
+        left = max(0, math.ceil(start + self.window - now))
+        headers = {"RateLimit-Policy": self.policy(left), "RateLimit-Limit": str(self.limit),
                    "RateLimit-Remaining": str(max(0, self.limit - hits)),
-                   "RateLimit-Reset": str(max(0, math.ceil(start + self.window - now)))}
+                   "RateLimit-Reset": str(left)}
         if hits > self.limit:
             headers["Retry-After"] = headers["RateLimit-Reset"]
         return hits <= self.limit, headers

@@ -298,13 +298,40 @@ def test_per_key_limit_counts_304s_then_429_until_the_window_ends() -> None:
         assert_envelope(limited, 429, "RATE_LIMITED")
         assert limited.headers["Retry-After"] == "50"
         assert limited.headers["RateLimit-Reset"] == "50"
-        assert limited.headers["RateLimit-Policy"] == "3;w=60"
+        assert limited.headers["RateLimit-Policy"] == "3;w=50"  # seconds left, as Reset
         other = standin.add_token(project=project, environment=env)
         assert fetch(w, token=other).status == 200  # budgets are per key
         clock.now += 50
         fresh = fetch(w)
         assert fresh.status == 200
         assert fresh.headers["RateLimit-Remaining"] == "2"
+        standin.reset_rate_limits()
+
+
+def test_every_answer_counts_down_the_window_the_keys_first_request_opened() -> None:
+    # spec/himitsu-api.md: RateLimit-Policy's w is the seconds left in the current window
+    # (not its length), on every answer (304s and errors too), and a window opens at the
+    # key's first request after the previous one expired, not on the clock's minute.
+    clock = FakeClock()
+    with StandIn(clock=clock) as standin:
+        project, env = str(uuid.uuid4()), str(uuid.uuid4())
+        w = World(standin, project, env, standin.add_token(project=project, environment=env))
+        clock.now += 17.5  # no request yet: nothing has started
+        assert fetch(w).headers["RateLimit-Policy"] == "120;w=60"
+        clock.now += 25
+        unchanged = fetch(w, **{"If-None-Match": '"himi-config-0"'})
+        assert unchanged.status == 304
+        assert (unchanged.headers["RateLimit-Policy"], unchanged.headers["RateLimit-Reset"],
+                unchanged.headers["RateLimit-Remaining"]) == ("120;w=35", "35", "118")
+        clock.now += 10
+        denied = fetch(w, env=str(uuid.uuid4()))  # out of the key's scope: still counted
+        assert denied.status == 403
+        assert (denied.headers["RateLimit-Policy"], denied.headers["RateLimit-Remaining"]) == (
+            "120;w=25", "117")
+        clock.now += 25 + 7  # the window ended 7 s ago: this request opens the next one
+        fresh = fetch(w)
+        assert (fresh.headers["RateLimit-Policy"], fresh.headers["RateLimit-Remaining"]) == (
+            "120;w=60", "119")
         standin.reset_rate_limits()
 
 
