@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.cookiejar import DefaultCookiePolicy
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -42,9 +42,9 @@ from himitsu_controller.himitsu.http import Abort, BearerAuth, RawAnswer, bounde
 __all__ = [
     "OUTCOMES", "TOKEN_PATTERN", "USER_AGENT", "BadRequest", "FetchResult", "Fetched",
     "Forbidden", "HimitsuClient", "HimitsuError", "InvalidInput", "InvalidToken", "NotFound",
-    "NotModified", "RateLimited", "ServerError", "TransportError", "Unauthorized",
-    "Undecodable", "UnexpectedStatus", "source_fingerprint", "validate_api_url",
-    "validate_token",
+    "NotModified", "Pacing", "RateLimited", "ServerError", "TransportError", "Unauthorized",
+    "Undecodable", "UnexpectedStatus", "pacing_key", "source_fingerprint",
+    "validate_api_url", "validate_token",
 ]
 
 USER_AGENT = f"himitsu-k8s-operator/{__version__}"
@@ -157,6 +157,30 @@ class NotModified:
 FetchResult = Fetched | NotModified
 
 
+class Pacing(Protocol):
+    """Injected per-attempt hook (``sync.pacing.Pacer`` in the operator): Himitsu counts
+    every attempt against the key's budget, a retry inside a fetch included, and tells
+    what is left in the ``RateLimit-*`` headers of every answer.
+
+    The first attempt of a fetch is the caller's to pace (only the caller can put a
+    request back in line without holding a worker); every retry reserves its own place
+    here. ``key`` is ``pacing_key(api_url, token)``: one API key at one API URL."""
+
+    def reserve_retry(
+        self, api_url: str, key: str, *, earliest: float, latest: float,
+    ) -> float | None:
+        """Reserve a place for a retry no sooner than ``earliest`` s from now: the seconds
+        to wait for it, or None (nothing reserved) when none is free before ``latest``."""
+        ...
+
+    def answered(
+        self, api_url: str, key: str, limits: wire.RateLimits, *, elapsed: float,
+    ) -> None:
+        """An answer carried rate-limit headers; ``elapsed``: seconds since its attempt
+        was sent."""
+        ...
+
+
 def validate_api_url(url: str) -> str:
     """Return the normalised API base URL (lowercase scheme and host, no default port,
     no trailing slash) or raise InvalidInput. The URL is never echoed: it might hold
@@ -249,12 +273,23 @@ def _validate_id(name: str, value: str) -> str:
 def source_fingerprint(api_url: str, project_id: str, environment_id: str, token: str) -> str:
     """Hex sha256 naming what a poll reads and with which credential: equal fingerprints
     may share one poll. Built over sha256(token), so the token cannot be recovered."""
-    token_digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
-    material = json.dumps(
-        ["himitsu-source/v1", validate_api_url(api_url), project_id.strip().lower(),
-         environment_id.strip().lower(), token_digest],
-        separators=(",", ":"),
-    )
+    return _fingerprint(validate_api_url(api_url), project_id.strip().lower(),
+                        environment_id.strip().lower(), _token_digest(token))
+
+
+def pacing_key(api_url: str, token: str) -> str:
+    """Names one API key at one API URL, what Himitsu's per-key limit counts (hex sha256,
+    the token cannot be recovered from it)."""
+    return source_fingerprint(api_url, "", "", token)
+
+
+def _token_digest(token: str) -> str:
+    return hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _fingerprint(base: str, project: str, environment: str, token_digest: str) -> str:
+    material = json.dumps(["himitsu-source/v1", base, project, environment, token_digest],
+                          separators=(",", ":"))
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -265,6 +300,7 @@ class _Request:
     headers: Mapping[str, str | None]
     auth: BearerAuth
     known_version: int | None  # only when If-None-Match was sent
+    pacing_key: str
 
 
 _ERRORS: dict[str, type[HimitsuError]] = {
@@ -304,7 +340,7 @@ class HimitsuClient:
         deadline: float = 30, max_response_bytes: int = 16 * 1024 * 1024, retries: int = 2,
         backoff_base: float = 0.2, session_factory: Callable[[], requests.Session] | None = None,
         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-        observer: Callable[[str], None] | None = None,
+        observer: Callable[[str], None] | None = None, pacing: Pacing | None = None,
     ) -> None:
         if min(connect_timeout, read_timeout, deadline, max_response_bytes) <= 0:
             raise ValueError("timeouts, deadline and max_response_bytes must be positive")
@@ -319,6 +355,7 @@ class HimitsuClient:
         self._retries, self._backoff_base = retries, backoff_base
         self._session_factory = session_factory or new_session
         self._sleep, self._clock, self._observer = sleep, clock, observer
+        self._pacing = pacing
         self._sessions: dict[str, requests.Session] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -346,6 +383,7 @@ class HimitsuClient:
         candidate = token.strip() if isinstance(token, str) else ""
         problem = _token_problem(candidate)
         auth = BearerAuth(candidate) if problem is None else None
+        digest = _token_digest(candidate)
         # From here on the token lives only in `auth`, whose repr is redacted: no frame
         # of this call shows it in a traceback rendered with locals.
         del token, candidate
@@ -370,6 +408,7 @@ class HimitsuClient:
         request = _Request(
             base=base, url=base + path, headers=headers, auth=auth,
             known_version=known_version if conditional else None,
+            pacing_key=_fingerprint(base, "", "", digest),
         )
         return self._fetch_with_retries(request)
 
@@ -398,6 +437,13 @@ class HimitsuClient:
                 retryable = getattr(error, "retryable", True)
                 if not retryable or attempt >= self._retries or self._clock() + delay >= deadline:
                     raise
+                if self._pacing is not None:  # a retry costs the key's budget too
+                    slot = self._pacing.reserve_retry(
+                        request.base, request.pacing_key, earliest=delay,
+                        latest=deadline - self._clock())
+                    if slot is None:
+                        raise
+                    delay = slot
             attempt += 1
             _log.debug("himitsu_retry", attempt=attempt, delay=round(delay, 3))
             self._sleep(delay)
@@ -407,6 +453,7 @@ class HimitsuClient:
         host = urlsplit(request.base).netloc
         answer: RawAnswer | None = None
         failure: Abort | None = None
+        sent = self._clock()
         try:
             answer = bounded_get(
                 self._session_for(request.base), request.url, headers=request.headers,
@@ -420,6 +467,10 @@ class HimitsuClient:
         _log.debug("himitsu_attempt", host=host, outcome=outcome)
         self._observe(outcome)
         if answer is not None:
+            limits = wire.rate_limits(answer.headers)
+            if self._pacing is not None and limits is not None:
+                self._pacing.answered(request.base, request.pacing_key, limits,
+                                      elapsed=max(0.0, self._clock() - sent))
             return answer
         # Raised outside the except block, so no library exception rides along as context.
         kind, reason = (failure.kind, failure.reason) if failure else ("transport", "")

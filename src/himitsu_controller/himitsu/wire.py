@@ -143,6 +143,34 @@ def retry_after(headers: Mapping[str, str]) -> float:
 
 
 @dataclass(frozen=True)
+class RateLimits:
+    """The ``RateLimit-*`` headers of one answer: this key's count in the server's current
+    window (which opened at the key's first request, so only the server knows where it
+    lies). Another client using the same key spends the same budget; these are the only
+    way to see it."""
+
+    limit: int | None
+    remaining: int
+    reset: float  # seconds until the server's window ends
+
+
+def _header_int(headers: Mapping[str, str], name: str) -> int | None:
+    raw = (headers.get(name) or "").strip()
+    return int(raw) if _VERSION.fullmatch(raw) else None
+
+
+def rate_limits(headers: Mapping[str, str]) -> RateLimits | None:
+    """RateLimits of an answer (any status), or None without a usable Remaining/Reset.
+    A reset is clamped like a 429's delay, so a typo cannot park a key for days."""
+    remaining = _header_int(headers, "RateLimit-Remaining")
+    reset = _parse_delay(headers.get("RateLimit-Reset"), allow_date=False)
+    if remaining is None or reset is None:
+        return None
+    return RateLimits(limit=_header_int(headers, "RateLimit-Limit"), remaining=remaining,
+                      reset=min(reset, RATE_LIMIT_MAX))
+
+
+@dataclass(frozen=True)
 class Verdict:
     """What an answer means. ``kind``: "fetched", "not_modified", or the error kind
     "bad_request", "unauthorized", "forbidden", "not_found", "rate_limited",
