@@ -36,7 +36,7 @@ from himitsu_controller.runtime.manager import Manager
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.runtime.writegate import WriteGate
-from himitsu_controller.sync import allowlist, polls
+from himitsu_controller.sync import allowlist, pacing, polls
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 log = structlog.get_logger(__name__)
@@ -229,7 +229,10 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         rest, kube.SECRETS, namespace=args.namespace, name="secrets",
         label_selector=f"{api.LABEL_MANAGED}=true",
     )
-    client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request)
+    # One line per API key and URL: the poller's first attempts and the client's retries.
+    pacer = pacing.Pacer()
+    client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request,
+                                   pacing=pacer)
     # Events have their own client and limiter, as in client-go: they are best-effort and
     # must neither delay a reconcile nor spend the budget its writes need (a cold sync of
     # 1,000 HimitsuSecrets writes 1,000 Events).
@@ -244,7 +247,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
                                   events=recorder)
     _forget_tokens_with_their_users(hsecs, kube_client)
     reconciler = HimitsuSecretReconciler(
-        kube_client, polls.SharedPoller(client), allowed_api_urls=allowed,
+        kube_client, polls.SharedPoller(client, pacer=pacer), allowed_api_urls=allowed,
         allow_insecure_http=args.allow_insecure_http,
     )
     ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=workers)

@@ -26,11 +26,9 @@ An answer's age counts from the moment its request was sent: Himitsu's data is a
 that recent, and a caller that joined a flight sent before it arrived sees an age above
 zero (the reconciler revalidates a first sync or a repair that took such an answer).
 
-Requests are also paced below Himitsu's limits, per token (120/min per API key) and per
-API URL (300/min per client IP, which every token this operator holds shares). A request
-the pace would
-exceed is not sent; the caller gets a ``RateLimited`` marked local, which the reconciler
-turns into a quiet requeue rather than a failure.
+Requests are also paced below Himitsu's limits (``sync.pacing``): a request that does not
+fit is not sent; the caller gets a ``LocallyRateLimited`` naming the source's own place
+in line, which the reconciler turns into a quiet requeue until then, not a failure.
 """
 
 from __future__ import annotations
@@ -43,14 +41,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from himitsu_controller import himitsu
+from himitsu_controller.sync.pacing import LocallyRateLimited, Pacer
 
-# Himitsu's documented budget is 120 requests per key per 60 s window; keep clear of it.
-TOKEN_RATE_PER_MINUTE = 100.0
-TOKEN_BURST = 20.0
-# ... and 300 per client IP per window, before auth: every token this operator holds
-# shares that one (all its requests come from one address), so pace per API URL too.
-API_RATE_PER_MINUTE = 250.0
-API_BURST = 50.0
+__all__ = ["Blocked", "Client", "LocallyRateLimited", "SharedPoller"]
+
 IDLE_TTL = 3600.0
 FAILURE_HOLD = 1.0  # a source whose request failed (5xx, transport) is not asked again sooner
 
@@ -60,10 +54,6 @@ class Client(Protocol):
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
         known_version: int | None,
     ) -> himitsu.FetchResult: ...
-
-
-class LocallyRateLimited(himitsu.RateLimited):
-    """The request was not sent: this token's pace would exceed Himitsu's limit."""
 
 
 class Blocked(LocallyRateLimited):
@@ -91,33 +81,25 @@ class _Flight:
     error: BaseException | None = None
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    at: float
-
-
 class SharedPoller:
     """Every answer carries the age of the request behind it and one requeue jitter drawn
     for that request (``rng``), so all readers of a source schedule their next poll for
-    the same moment and share it again, round after round."""
+    the same moment and share it again, round after round. ``pacer`` is the one the
+    client's retries reserve from (``HimitsuClient(pacing=...)``): one line per key."""
 
     def __init__(
         self, client: Client, *, clock: Callable[[], float] = time.monotonic,
-        rate_per_minute: float = TOKEN_RATE_PER_MINUTE, burst: float = TOKEN_BURST,
-        api_rate_per_minute: float = API_RATE_PER_MINUTE, api_burst: float = API_BURST,
-        flight_timeout: float = 60.0, rng: Callable[[], float] = random.random,
+        pacer: Pacer | None = None, flight_timeout: float = 60.0,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self._client = client
         self._clock = clock
         self._rng = rng
-        self._paces = {"token": (rate_per_minute / 60.0, burst),
-                       "api": (api_rate_per_minute / 60.0, api_burst)}
+        self._pacer = pacer if pacer is not None else Pacer(clock=clock)
         self._flight_timeout = flight_timeout
         self._entries: dict[str, _Entry] = {}
         self._readers: dict[str, str] = {}  # reader -> the source it reads
         self._flights: dict[str, _Flight] = {}
-        self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._lock = threading.Lock()
 
     def fetch(
@@ -228,8 +210,11 @@ class SharedPoller:
         secrets the poller holds (a 304 serves every reader), else on the caller's own:
         after a restart, a failover or an eviction a target in sync is confirmed by a 304
         instead of re-read in full."""
-        self._take_token(token=himitsu.source_fingerprint(api_url, "", "", token),
-                         api=api_url)
+        wait = self._pacer.admit(source, himitsu.validate_api_url(api_url),
+                                 himitsu.pacing_key(api_url, token))
+        if wait > 0:
+            raise LocallyRateLimited("Himitsu request pace for this token or API reached",
+                                     retry_after=wait)
         with self._lock:
             entry = self._entries.setdefault(source, _Entry())
             held = entry.version if entry.secrets is not None else known
@@ -264,30 +249,6 @@ class SharedPoller:
             raise himitsu.Undecodable("the Himitsu API answered 304 to an unconditional request")
         return answer
 
-    def _take_token(self, **keys: str) -> None:
-        """Pacing: one token bucket per API key (URL and the token's hash) and one per API
-        URL; a request goes only when both have room, and then takes from both."""
-        with self._lock:
-            now = self._clock()
-            buckets = []
-            wait = 0.0
-            for kind, key in keys.items():
-                rate, burst = self._paces[kind]
-                bucket = self._buckets.get((kind, key))
-                if bucket is None:
-                    bucket = self._buckets[(kind, key)] = _Bucket(tokens=burst, at=now)
-                bucket.tokens = min(burst, bucket.tokens + (now - bucket.at) * rate)
-                bucket.at = now
-                buckets.append(bucket)
-                if bucket.tokens < 1.0:
-                    wait = max(wait, (1.0 - bucket.tokens) / rate)
-            if wait <= 0.0:
-                for bucket in buckets:
-                    bucket.tokens -= 1.0
-                return
-        raise LocallyRateLimited("Himitsu request pace for this token or API reached",
-                                 retry_after=wait)
-
     def _evict_idle(self, now: float) -> None:
         """Entries nobody reads by name (no ``reader``) and nobody is asking for."""
         if len(self._entries) < 64:
@@ -295,8 +256,6 @@ class SharedPoller:
         for source in [s for s, e in self._entries.items()
                        if now - e.at > IDLE_TTL and not e.readers and s not in self._flights]:
             del self._entries[source]
-        for key in [k for k, b in self._buckets.items() if now - b.at > IDLE_TTL]:
-            del self._buckets[key]
 
 
 def _answer(entry: _Entry, known: int | None, age: float) -> himitsu.FetchResult | None:

@@ -1,0 +1,266 @@
+"""Pacing: every request to Himitsu takes a place in line that keeps its key's and its
+API URL's budget in any 60 s window, retries included, and yields to other clients.
+
+Why a log and not a token bucket: Himitsu counts in fixed 60 s windows, each opened by
+the key's first request after the previous one expired, so a client cannot know where
+a window lies. A bucket admits its burst plus a minute of refill into one window (100/min
+with a burst of 20 was exactly the limit of 120). A log of the moments of our requests,
+where any ``budget + 1`` consecutive ones span at least ``WINDOW`` seconds, holds for
+every window position: at most ``budget`` requests in any window, wherever it starts.
+
+Why reservations: a request that does not fit is given its own place in line (a moment
+in the log, like golang.org/x/time/rate's Reserve) and the caller comes back then,
+instead of every waiter being told the same moment and all but one being turned away
+again (N contending sources cost about N^2/2 reconcile attempts). A place is kept until
+``LATE`` seconds past its moment (a requeue comes back a little late); the log's window
+is longer than Himitsu's by that much, so a late send still keeps the budget.
+
+Why the server's headers: another client using the same key spends the same 120, and
+``RateLimit-Remaining`` / ``RateLimit-Reset`` (on every answer) are the only way to see
+it. After an answer, our requests until the server's window ends may not exceed what it
+said remains (less a small reserve for the other client's requests in flight); the
+rest wait for the next window. Budgets short of demand therefore stretch every source's
+polls evenly (first come, first served) rather than failing some of them.
+
+Himitsu's own 429 is not pacing: the shared poller holds the source for its Retry-After
+and the reconciler reports it (its headers also close this key until the window ends).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from himitsu_controller import himitsu
+from himitsu_controller.himitsu.wire import RateLimits
+
+__all__ = ["API_BUDGET", "LATE", "TOKEN_BUDGET", "WINDOW", "LocallyRateLimited", "Pacer"]
+
+# Himitsu allows 120 requests per API key and 300 per client IP (every token this
+# operator holds shares the one IP, so pace per API URL too) in each 60 s window.
+TOKEN_BUDGET = 100
+API_BUDGET = 250
+SERVER_WINDOW = 60.0
+LATE = 2.0  # how long past its moment a reserved place is still honoured
+# The log's window: Himitsu's, plus LATE (a late send), plus 1 s of network jitter.
+WINDOW = SERVER_WINDOW + LATE + 1.0
+RESERVE_FRACTION = 0.05  # of the server's limit, left to the key's other users in flight
+MIN_RESERVE = 2
+BURST_FRACTION = 0.1  # of the budget that may go at once; the rest keeps an even pace
+
+
+class LocallyRateLimited(himitsu.RateLimited):
+    """Not sent: this key's or API URL's pace. ``retry_after``: seconds until the
+    request's reserved place in line; it is kept for the caller until then."""
+
+
+class _Log:
+    """Moments of the requests sent or reserved for one key, sorted: any ``budget + 1``
+    consecutive ones span at least ``window`` seconds, and they keep an even pace."""
+
+    def __init__(self, budget: int, window: float) -> None:
+        self.budget, self.window = budget, window
+        self.times: list[float] = []
+        # The even pace (GCRA, a token bucket in its reservation form): a burst of
+        # BURST_FRACTION of the budget, then one request per `spacing`, chosen so that
+        # burst plus a window's refill is the budget. On its own that keeps the window;
+        # the log stays the guarantee, and it is what the server's count is checked on.
+        burst = max(1, round(budget * BURST_FRACTION))
+        self.spacing = window / (budget - burst + 1)
+        self.tolerance = (burst - 1) * self.spacing
+        self.tat = -math.inf  # the theoretical arrival time of the next request
+
+    def prune(self, now: float) -> None:
+        del self.times[:bisect.bisect_left(self.times, now - self.window)]
+
+    def _conflict(self, t: float) -> float | None:
+        """None when a request at ``t`` fits; else a moment > t before which none does
+        (each run of ``budget + 1`` it would crowd must lose its oldest member, or ``t``
+        must move past the run's newest)."""
+        times, budget, n = self.times, self.budget, len(self.times)
+        if n < budget:
+            return None
+        p = bisect.bisect_right(times, t)  # t's index once inserted
+        later: float | None = None  # the latest such moment of all the runs it crowds
+        for i in range(max(0, p - budget), min(p, n - budget) + 1):
+            # The run from position i to i + budget once t is in: t is one of them.
+            first = times[i] if i < p else t
+            last = times[i + budget - 1] if i + budget > p else t
+            if first + self.window > last:
+                bound = first + self.window if i + budget == p else last
+                later = bound if later is None else max(later, bound)
+        return later
+
+    def earliest(self, t: float) -> float:
+        """The first moment >= t that fits the even pace and the window."""
+        t = max(t, self.tat - self.tolerance)
+        while (later := self._conflict(t)) is not None:  # nothing fits before `later`
+            t = later
+        return t
+
+    def count(self, start: float, end: float) -> int:
+        return bisect.bisect_left(self.times, end) - bisect.bisect_left(self.times, start)
+
+    def add(self, t: float) -> None:
+        bisect.insort(self.times, t)
+        self.tat = max(self.tat, t) + self.spacing
+
+    def remove(self, t: float) -> None:
+        i = bisect.bisect_left(self.times, t)
+        if i < len(self.times) and self.times[i] == t:
+            del self.times[i]
+
+
+@dataclass(frozen=True)
+class _Place:
+    at: float
+    api_url: str
+    key: str
+
+
+@dataclass
+class _ServerView:
+    """What the server said remains of the key's window: our requests in [start, end)
+    (the answered one included) may number at most ``allowed`` + 1."""
+
+    start: float
+    end: float
+    allowed: int
+
+
+@dataclass
+class Pacer:
+    """Places in line per API key (``himitsu.pacing_key``) and per API URL; thread-safe.
+
+    ``admit`` paces a fetch's first attempt for the shared poller (a ticket names the
+    request, so the caller who comes back gets the place it was given); ``reserve_retry``
+    and ``answered`` are the ``himitsu.Pacing`` hook of the client, for the retries
+    inside a fetch and the ``RateLimit-*`` headers of every answer.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    token_budget: int = TOKEN_BUDGET
+    api_budget: int = API_BUDGET
+    window: float = WINDOW
+    late: float = LATE
+    _logs: dict[tuple[str, str], _Log] = field(default_factory=dict, init=False, repr=False)
+    _views: dict[str, _ServerView] = field(default_factory=dict, init=False, repr=False)
+    _places: dict[str, _Place] = field(default_factory=dict, init=False, repr=False)
+    _expiries: list[tuple[float, str]] = field(default_factory=list, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def admit(self, ticket: str, api_url: str, key: str) -> float:
+        """0.0: send now (it is counted). Otherwise the seconds until ``ticket``'s place
+        in line, which is kept until ``late`` seconds past it: come back then."""
+        with self._lock:
+            now = self.clock()
+            self._prune(now)
+            held = self._places.pop(ticket, None)
+            if held is not None and (held.api_url, held.key) != (api_url, key):
+                self._drop(held)  # the ticket now names another key: its place is void
+                held = None
+            if held is not None:
+                if now < held.at:
+                    self._places[ticket] = held
+                    return held.at - now
+                if self._server_allows(held.key, now, placed=held.at):
+                    return 0.0
+                self._drop(held)  # the server's count left no room: a new place
+            at = self._earliest(api_url, key, now)
+            self._log("token", key).add(at)
+            self._log("api", api_url).add(at)
+            if at <= now:
+                return 0.0
+            self._places[ticket] = _Place(at, api_url, key)
+            heapq.heappush(self._expiries, (at + self.late, ticket))
+            return at - now
+
+    def reserve_retry(
+        self, api_url: str, key: str, *, earliest: float, latest: float,
+    ) -> float | None:
+        """``himitsu.Pacing``: a place for a retry in [now + earliest, now + latest)."""
+        with self._lock:
+            now = self.clock()
+            self._prune(now)
+            at = self._earliest(api_url, key, now + max(0.0, earliest))
+            if at - now >= latest:
+                return None
+            self._log("token", key).add(at)
+            self._log("api", api_url).add(at)
+            return at - now
+
+    def answered(
+        self, api_url: str, key: str, limits: RateLimits, *, elapsed: float,
+    ) -> None:
+        """``himitsu.Pacing``: the server's count for the key, from an answer's headers."""
+        with self._lock:
+            now = self.clock()
+            start = now - max(0.0, elapsed) - self.late  # when it was sent, or reserved
+            current = self._views.get(key)
+            if current is not None and current.start > start:
+                return  # an answer to an older request: the newer count stands
+            limit = limits.limit or self.token_budget
+            reserve = max(MIN_RESERVE, math.ceil(limit * RESERVE_FRACTION))
+            self._views[key] = _ServerView(start=start, end=now + limits.reset,
+                                           allowed=limits.remaining - reserve)
+
+    def counted(self, key: str) -> int:
+        """Requests of the key sent or placed within the log's window (for tests, logs)."""
+        with self._lock:
+            log = self._logs.get(("token", key))
+            return len(log.times) if log is not None else 0
+
+    # -- inside the lock ------------------------------------------------------------------
+    def _earliest(self, api_url: str, key: str, t: float) -> float:
+        token, api = self._log("token", key), self._log("api", api_url)
+        while True:
+            t = token.earliest(t)
+            later = api.earliest(t)
+            if later > t:
+                t = later
+                continue
+            if not self._server_allows(key, t):
+                t = self._views[key].end
+                continue
+            return t
+
+    def _server_allows(self, key: str, t: float, *, placed: float | None = None) -> bool:
+        """Would one more request of ours at ``t`` (already in the log at ``placed``)
+        stay within what the server said remains of its window?"""
+        view = self._views.get(key)
+        if view is None or not view.start <= t < view.end:
+            return True
+        counted = placed is not None and view.start <= placed < view.end
+        ours = self._log("token", key).count(view.start, view.end) + (not counted)
+        return ours - 1 <= view.allowed  # less the answered request itself
+
+    def _log(self, kind: str, key: str) -> _Log:
+        log = self._logs.get((kind, key))
+        if log is None:
+            budget = self.token_budget if kind == "token" else self.api_budget
+            log = self._logs[(kind, key)] = _Log(budget, self.window)
+        return log
+
+    def _drop(self, place: _Place) -> None:
+        self._log("token", place.key).remove(place.at)
+        self._log("api", place.api_url).remove(place.at)
+
+    def _prune(self, now: float) -> None:
+        while self._expiries and self._expiries[0][0] < now:
+            expiry, ticket = heapq.heappop(self._expiries)
+            place = self._places.get(ticket)
+            if place is not None and place.at + self.late == expiry:
+                del self._places[ticket]  # never came back: free its place
+                self._drop(place)
+        for name, log in list(self._logs.items()):
+            log.prune(now)
+            if not log.times:
+                del self._logs[name]
+        for key, view in list(self._views.items()):
+            if view.end <= now:
+                del self._views[key]
