@@ -304,6 +304,11 @@ class Himitsu:
             self._log.clear()
             self._counts.clear()
 
+    def key_window(self, token: str) -> tuple[float, int] | None:
+        """(seconds left, requests counted) of the key's open rate-limit window, or None."""
+        with self._lock:
+            return self._key_limits.peek(token_digest(token))
+
     def reset_rate_limits(self) -> None:
         with self._lock:
             self._key_limits.clear()

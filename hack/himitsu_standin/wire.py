@@ -186,5 +186,11 @@ class FixedWindows:
             headers["Retry-After"] = headers["RateLimit-Reset"]
         return hits <= self.limit, headers
 
+    def peek(self, key: str) -> tuple[float, int] | None:
+        """(seconds left, requests counted) of the key's open window; None when none is."""
+        now = self._clock()
+        start, hits = self._windows.get(key, (now - self.window, 0))
+        return (start + self.window - now, hits) if now < start + self.window else None
+
     def clear(self) -> None:
         self._windows.clear()

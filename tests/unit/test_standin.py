@@ -323,6 +323,7 @@ def test_every_answer_counts_down_the_window_the_keys_first_request_opened() -> 
         assert unchanged.status == 304
         assert (unchanged.headers["RateLimit-Policy"], unchanged.headers["RateLimit-Reset"],
                 unchanged.headers["RateLimit-Remaining"]) == ("120;w=35", "35", "118")
+        assert standin.key_window(w.token) == (35.0, 2)  # what a test may wait on
         clock.now += 10
         denied = fetch(w, env=str(uuid.uuid4()))  # out of the key's scope: still counted
         assert denied.status == 403
