@@ -1,0 +1,348 @@
+"""Model-based test of sync correctness (issue 11, item 9).
+
+A hypothesis ``RuleBasedStateMachine`` plays a user, a cluster and a Himitsu at the
+operator: it creates, edits and deletes HimitsuSecrets (source, target type, creation
+policy, format, refreshInterval including 0, force-sync), changes and deletes values in
+Himitsu, deletes and edits targets (data, annotations, labels, ownerReference), puts a
+foreign Secret where a target goes, injects failures (Himitsu 5xx, another client
+spending the key's budget so Himitsu answers 429, slow answers, refused or lost
+Kubernetes writes), restarts the operator (all memory lost), and lets time pass,
+stalls the process, or waits for a quiet period. The operator is the real one
+(model_world.py), the worlds are in memory (model_kube.py, model_himitsu.py) and the
+invariants are the oracle's (model_checks.py): none of them is what the code does,
+each is what the contract promises.
+
+Settings: derandomized and database-less, so every run (CI included) draws the same
+examples and a failure replays; ``MAX_EXAMPLES`` x ``STEPS`` is what two cores run in
+about a minute. A failure prints the shrunk steps (hypothesis) and the violations.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+import structlog
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
+from model_checks import CHECKS, Oracle
+from model_kube import FAULTS, HSEC, SECRET
+from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
+
+from himitsu_controller import api
+
+MAX_EXAMPLES = 60
+STEPS = 40
+MARGIN = 10.0  # seconds of processing a quiet period allows beyond the longest interval
+SETTINGS = settings(
+    max_examples=MAX_EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
+    database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+SLOT = st.integers(0, 3)
+INTERVAL = st.sampled_from(["10s", "30s", "1m", "1m", "0"])
+TYPE = st.sampled_from(["Opaque", "Opaque", "kubernetes.io/tls", "kubernetes.io/basic-auth",
+                        "example.com/custom"])
+POLICY = st.sampled_from(["Owner", "Owner", "Merge"])
+FORMAT = st.sampled_from(["KeyValue", "KeyValue", "Dotenv", "Json"])
+# Mostly one source, so polls are shared; sometimes another environment or token.
+ENV = st.sampled_from(["e1", "e1", "e1", "e2"])
+TOKEN = st.sampled_from(["tok-a", "tok-a", "tok-a", "tok-b"])
+KEY = st.sampled_from(["A", "B", "tls.crt", "tls.key", "username"])
+SPEC_EDIT = st.one_of(
+    st.tuples(st.just(("refreshInterval",)), INTERVAL),
+    st.tuples(st.just(("target", "type")), TYPE),
+    st.tuples(st.just(("target", "creationPolicy")), POLICY),
+    st.tuples(st.just(("target", "template", "format")), FORMAT),
+    st.tuples(st.just(("environmentId",)), ENV.map(ENVS.__getitem__)),
+    st.tuples(st.just(("authSecretRef", "name")), TOKEN),
+    st.tuples(st.just(("target", "template", "labels")),
+              st.sampled_from([{"team": "a"}, {"team": "b"}, {}])),
+)
+# Edits a user (or a GitOps tool) makes to a target. The first ones make it disagree with
+# what the operator wrote, so the next sync must be a full one ("fresh").
+DATA_EDITS = ("delete", "value", "remove_key", "add_key", "version_annotation")
+TARGET_EDIT = st.sampled_from([*DATA_EDITS, "prune_label", "drop_owner_ref",
+                               "drop_template_label", "annotate"])
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+class SyncModel(RuleBasedStateMachine):
+    """The user, the cluster and Himitsu; ``checks`` are the invariants enforced."""
+
+    checks: frozenset[str] = CHECKS
+    slots = Bundle("slots")  # HimitsuSecrets the user created (most rules act on one)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._world: World | None = None
+        self._force = itertools.count(1)
+
+    @property
+    def world(self) -> World:
+        assert self._world is not None
+        return self._world
+
+    @property
+    def oracle(self) -> Oracle:
+        return self.world.oracle
+
+    @initialize(target=slots, seed=st.integers(0, 2**16),
+                kube_latency=st.sampled_from([0.0, 0.01, 0.2]),
+                himitsu_latency=st.sampled_from([0.0, 0.05, 1.0]),
+                informer_lag=st.sampled_from([0.0, 0.01, 0.5]),
+                first=st.lists(st.tuples(SLOT, ENV, TOKEN, INTERVAL, POLICY, TYPE, FORMAT),
+                               min_size=1, max_size=4, unique_by=lambda h: h[0]))
+    def start(self, seed: int, kube_latency: float, himitsu_latency: float,
+              informer_lag: float, first: list[tuple[int, str, str, str, str, str, str]],
+              ) -> Any:
+        """A cluster where a few HimitsuSecrets already run (the rules then perturb it)."""
+        self._world = World(seed=seed, kube_latency=kube_latency,
+                            himitsu_latency=himitsu_latency, informer_lag=informer_lag)
+        for hsec in first:
+            self._create(*hsec)
+        self.world.run_until(self.world.clock.t + 1.0)
+        return multiple(*(hsec[0] for hsec in first))
+
+    # -- HimitsuSecrets ---------------------------------------------------------------
+
+    @rule(target=slots, slot=SLOT, env=ENV, token=TOKEN, interval=INTERVAL, policy=POLICY,
+          kind=TYPE, fmt=FORMAT)
+    def create(self, *, slot: int, env: str, token: str, interval: str, policy: str,
+               kind: str, fmt: str) -> Any:
+        if self.world.server.get(HSEC, NS, f"h{slot}") is not None:
+            return multiple()
+        self._create(slot, env, token, interval, policy, kind, fmt)
+        return slot
+
+    def _create(self, *spec: Any) -> None:
+        slot, env, token, interval, policy, kind, fmt = spec
+        obj = self.world.server.create(HSEC, NS, {
+            "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": f"h{slot}"},
+            "spec": {"apiUrl": API_URL, "projectId": PROJECT, "environmentId": ENVS[env],
+                     "authSecretRef": {"name": token}, "refreshInterval": interval,
+                     "target": {"name": f"t{slot}", "type": kind, "creationPolicy": policy,
+                                "template": {"format": fmt, "labels": {"team": "a"},
+                                             "annotations": {"example.com/note": "x"}}}}})
+        self._triggered(slot, "HimitsuSecret created", HSEC, obj)
+
+    @rule(slot=slots, edit=SPEC_EDIT)
+    def edit_spec(self, slot: int, edit: tuple[tuple[str, ...], Any]) -> None:
+        obj = self.world.server.get(HSEC, NS, f"h{slot}")
+        if obj is None:
+            return
+        path, value = edit
+        spec = copy.deepcopy(obj["spec"])
+        node = spec
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+        if spec == obj["spec"]:
+            return
+        obj["spec"] = spec
+        updated = self.world.server.update(HSEC, NS, f"h{slot}", obj)
+        self._triggered(slot, f"spec edited: {'.'.join(path)}={value}", HSEC, updated)
+
+    @rule(slot=slots)
+    def force_sync(self, slot: int) -> None:
+        obj = self.world.server.get(HSEC, NS, f"h{slot}")
+        if obj is None:
+            return
+        obj["metadata"].setdefault("annotations", {})[api.ANN_FORCE_SYNC] = str(next(self._force))
+        updated = self.world.server.update(HSEC, NS, f"h{slot}", obj)
+        self._triggered(slot, "force-sync", HSEC, updated)
+
+    @rule(slot=consumes(slots))
+    def delete(self, slot: int) -> None:
+        if self.world.server.get(HSEC, NS, f"h{slot}") is None:
+            return
+        self.world.server.delete(HSEC, NS, f"h{slot}")
+        self.oracle.touched()
+        self.oracle.triggers.pop(f"{NS}/h{slot}", None)
+        self.oracle.floor.pop(f"{NS}/h{slot}", None)
+        self.world.run_until(self.world.clock.t)
+
+    # -- Himitsu ----------------------------------------------------------------------
+
+    @rule(env=ENV, key=KEY, value=st.sampled_from(["v1", "v2", "v3"]))
+    def set_value(self, env: str, key: str, value: str) -> None:
+        self.world.himitsu.set(ENVS[env], key, value)
+
+    @rule(slot=slots, key=KEY, value=st.sampled_from(["v4", "v5"]))
+    def set_value_read_by(self, slot: int, key: str, value: str) -> None:
+        """A change in the environment an existing HimitsuSecret reads."""
+        obj = self.world.server.get(HSEC, NS, f"h{slot}")
+        if obj is not None:
+            self.world.himitsu.set(api.parse_spec(obj).environment_id, key, value)
+
+    @rule(env=ENV, key=KEY)
+    def delete_value(self, env: str, key: str) -> None:
+        self.world.himitsu.delete(ENVS[env], key)
+
+    # -- targets ----------------------------------------------------------------------
+
+    @rule(slot=slots, how=TARGET_EDIT)
+    def edit_target(self, slot: int, how: str) -> None:
+        server = self.world.server
+        secret = server.get(SECRET, NS, f"t{slot}")
+        if secret is None:
+            return
+        meta = secret["metadata"]
+        data, labels = secret.setdefault("data", {}), meta.setdefault("labels", {})
+        annotations = meta.setdefault("annotations", {})
+        managed = [k for k in sorted(data) if k != "foreign-key"]
+        if how == "delete":
+            server.delete(SECRET, NS, f"t{slot}")
+        elif how in ("value", "remove_key") and managed:
+            if how == "value":
+                data[managed[0]] = b64("edited by hand")
+            else:
+                del data[managed[0]]
+        elif how == "add_key":
+            data["extra"] = b64("added by hand")
+        elif how == "version_annotation":
+            annotations[api.ANN_CONFIG_VERSION] = "999"
+        elif how == "prune_label":
+            labels.pop(api.LABEL_MANAGED, None)
+        elif how == "drop_owner_ref":
+            meta.pop("ownerReferences", None)
+        elif how == "drop_template_label":
+            labels.pop("team", None)
+        else:
+            annotations["example.com/by-hand"] = "yes"
+        if how != "delete":
+            server.update(SECRET, NS, f"t{slot}", secret)
+        hsec = server.get(HSEC, NS, f"h{slot}")
+        # An edit that leaves what we wrote intact (a foreign key added to a Merge target,
+        # metadata) needs no full sync; the others do.
+        consistent = how == "add_key" and hsec is not None and \
+            api.parse_spec(hsec).target.creation_policy == "Merge"
+        if how in DATA_EDITS and not consistent and _ours_by_annotation(secret, slot):
+            self._triggered(slot, f"target {how}", SECRET, {"metadata": {
+                "resourceVersion": str(server.rv)}})
+        else:
+            self.oracle.touched()
+            self.world.run_until(self.world.clock.t)
+
+    @rule(slot=SLOT, kind=st.sampled_from(["Opaque", "example.com/custom"]))
+    def create_foreign(self, slot: int, kind: str) -> None:
+        if self.world.server.get(SECRET, NS, f"t{slot}") is not None:
+            return
+        self.world.server.create(SECRET, NS, {
+            "metadata": {"name": f"t{slot}", "labels": {"app.kubernetes.io/managed-by": "Helm"}},
+            "type": kind, "data": {"foreign-key": b64("helm's")}})
+        self.oracle.touched()
+        self.world.run_until(self.world.clock.t)
+
+    # -- failures ---------------------------------------------------------------------
+
+    @rule(count=st.integers(1, 6))
+    def himitsu_fails(self, count: int) -> None:
+        self.world.himitsu.fail_next = count
+
+    @rule(token=TOKEN, count=st.sampled_from([60, 110, 125]))
+    def another_client_spends_the_budget(self, token: str, count: int) -> None:
+        self.world.himitsu.spend_budget(TOKENS[token], count)
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 8.0]), count=st.integers(1, 4))
+    def himitsu_slow(self, seconds: float, count: int) -> None:
+        self.world.himitsu.slow_next = [seconds] * count
+
+    @rule(mode=st.sampled_from(FAULTS), count=st.integers(1, 4))
+    def kube_fails(self, mode: str, count: int) -> None:
+        self.world.rest.faults = [mode] * count
+
+    # -- the process and time -----------------------------------------------------------
+
+    @rule()
+    def restart(self) -> None:
+        self.world.restart()
+        self.world.run_until(self.world.clock.t)
+
+    @rule(seconds=st.sampled_from([0.2, 1.0, 3.0, 7.0, 12.0, 20.0, 40.0, 90.0]))
+    def advance(self, seconds: float) -> None:
+        self.world.run_until(self.world.clock.t + seconds)
+
+    @rule(seconds=st.sampled_from([2.0, 6.0, 20.0]))
+    def stall(self, seconds: float) -> None:
+        """The process gets no CPU for a while (throttled, paused): timers fire late."""
+        self.world.clock.advance(seconds)
+        self.world.run_until(self.world.clock.t)
+
+    @rule()
+    def settle(self) -> None:
+        """Failures heal, nothing changes for the longest interval (or the latest retry,
+        or the end of a rate-limit window) plus a margin: every target must then hold
+        Himitsu's current data, or its HimitsuSecret say why it cannot."""
+        world = self.world
+        world.himitsu.fail_next, world.himitsu.slow_next, world.rest.faults = 0, [], []
+        assert world.process is not None
+        now = world.clock.epoch()
+        waits = [api.parse_spec(o).refresh_interval for o in world.server.objects_of(HSEC)]
+        timer = world.process.next_timer()
+        waits += [timer - now if timer is not None else 0.0, world.himitsu.horizon - world.clock.t]
+        world.run_until(world.clock.t + min(max(waits), 400.0) + MARGIN)
+        if "settled" in self.checks:
+            problems = [p for o in world.server.objects_of(HSEC)
+                        if (p := world.oracle.sync_problem(o)) is not None]
+            assert not problems, "settled: after a quiet period\n" + "\n".join(problems)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _triggered(self, slot: int, what: str, resource: str, obj: dict[str, Any]) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        self.oracle.trigger(f"{NS}/h{slot}", what, resource, rv)
+        self.world.run_until(self.world.clock.t)
+
+    @invariant()
+    def nothing_broken(self) -> None:
+        if self._world is None:
+            return
+        broken = [m for check, m in self.oracle.violations
+                  if check in self.checks or check in ("raised", "livelock")]
+        assert not broken, "\n".join(broken[:5])
+        if "wake" in self.checks:
+            problems = self.oracle.wake_problems()
+            assert not problems, "\n".join(problems)
+
+
+def _ours_by_annotation(secret: dict[str, Any], slot: int) -> bool:
+    annotations = (secret.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(api.ANN_OWNED_BY) == f"h{slot}"
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs() -> Iterator[None]:
+    """Info lines of thousands of reconciles cost more than the reconciles."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    yield
+    structlog.configure(**saved)
+
+
+def run_model(checks: frozenset[str], *, shrink: bool = True) -> None:
+    machine = type("Model", (SyncModel,), {"checks": checks})
+    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+    run_state_machine_as_test(machine, settings=settings(SETTINGS, phases=phases))
+
+
+def test_model_based_sync_invariants() -> None:
+    run_model(CHECKS)
