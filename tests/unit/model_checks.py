@@ -14,9 +14,11 @@ step: an assertion raised inside a reconcile would only be logged by the control
   the version its annotation names (nothing emptied, shrunk or half-written);
 * ``removal``: a reconcile that deletes a target (an Owner type change) has created the
   replacement by the time it ends, whatever failed;
-* ``fresh``: a first sync or a repair (HimitsuSecret created, spec edited, force-sync,
-  target deleted or its data edited) holds data no older than ``FRESH`` seconds before
-  the user's action, once the operator has seen the action and reports Synced;
+* ``fresh``: a first sync or a repair (HimitsuSecret created or pointed at another
+  source, force-sync, target deleted or its data edited) holds data no older than
+  ``FRESH`` seconds before the user's action, once the operator has seen the action and
+  reports Synced (other spec edits may keep the data held: it is as current as a timed
+  poll's);
 * ``quiet``: after a restart with every target of a source in sync, no full fetch (200)
   of that source until something changes.
 
@@ -386,11 +388,15 @@ class Oracle:
             if interval <= 0:
                 continue
             wake = process.wake_of(key)
-            bound = max(interval, horizon - now) + WAKE_SLACK
+            # Retry-After is in whole seconds, counted from Himitsu's answer.
+            bound = max(interval, horizon - now + 1.0) + WAKE_SLACK
+            last = next((f"{r} at {t:.3f}s" for t, k, r in reversed(self.world.results)
+                         if k == key), "none")
             if wake is None:
                 problems.append(f"wake: {key} (every {interval:g}s) has no wake at all: it "
-                                "will never be polled again")
+                                f"will never be polled again (last reconcile: {last})")
             elif wake - now > bound:
                 problems.append(f"wake: {key} (every {interval:g}s) wakes in "
-                                f"{wake - now:.1f}s, more than {bound:.1f}s ahead")
+                                f"{wake - now:.1f}s, more than {bound:.1f}s ahead "
+                                f"(last reconcile: {last})")
         return problems

@@ -103,6 +103,8 @@ class ModelHimitsu:
         window = self._window(self._keys.get(token))
         self._keys[token] = window
         window.count += requests_made
+        if window.count > KEY_LIMIT * 3 // 4:
+            self.horizon = max(self.horizon, window.start + WINDOW)
 
     def _window(self, window: Window | None) -> Window:
         now = self.now()

@@ -36,6 +36,7 @@ from himitsu_controller import api, cli, himitsu, kube
 from himitsu_controller.runtime.controller import Controller, Result
 from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.rest import RestClient
+from himitsu_controller.runtime.resync import DEFAULT_PERIOD, Resync
 from himitsu_controller.runtime.workqueue import RateLimitingQueue
 from himitsu_controller.sync import polls
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
@@ -141,16 +142,25 @@ class Process:
                                        clock=clock)
         self.ctrl = Controller(cli.CONTROLLER_NAME, world.reconcile, workers=1, queue=self.queue)
         cli._wire_events(self.ctrl, self.hsecs, self.secrets)
+        # cli's safety net at its default period (it never fires in a run this short: the
+        # invariants must hold without it).
+        self.resync = Resync(self.hsecs.store.keys, self.ctrl.enqueue_after,
+                             period=DEFAULT_PERIOD, rng=world.rng.random)
+        self.resync_at = clock() + self.resync.next_wait()
         self.feeds = [Feed(self.hsecs, HSEC, None), Feed(self.secrets, SECRET, SECRET_SELECTOR)]
         never = threading.Event()
         for informer in (self.hsecs, self.secrets):
             informer._list_and_replace(never)  # what Informer.run does first
 
-    def next_timer(self) -> float | None:
-        """When the queue's earliest delayed key becomes ready (epoch seconds)."""
+    def timers(self) -> list[float]:
+        """When the queue's delayed keys become ready (epoch seconds)."""
         with self.queue._lock:
-            waiting = [at for at, _ in self.queue._waiting_entry.values()]
-        return min(waiting) if waiting else None
+            return [at for at, _ in self.queue._waiting_entry.values()]
+
+    def resync_due(self, now: float) -> None:
+        if now >= self.resync_at:
+            self.resync.tick()
+            self.resync_at = now + self.resync.next_wait()
 
     def wake_of(self, key: str) -> float | None:
         """When ``key`` will be handed to a worker: now if queued or processing, its
@@ -215,12 +225,13 @@ class World:
         for _ in range(LOOP_BUDGET):
             self._deliver()
             self.server.collect_garbage()
+            assert self.process is not None
+            self.process.resync_due(self.clock.epoch())
             if self._work_one():
                 continue
             process = self.process
-            assert process is not None
-            times = [t for t in (process.next_timer(), *(f.due() for f in process.feeds))
-                     if t is not None]
+            times = [*process.timers(), process.resync_at,
+                     *(t for f in process.feeds if (t := f.due()) is not None)]
             if not times or min(times) > end_epoch:
                 break
             self.clock.reach(min(times))

@@ -46,7 +46,7 @@ from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
 
 from himitsu_controller import api
 
-MAX_EXAMPLES = 60
+MAX_EXAMPLES = 250
 STEPS = 40
 MARGIN = 10.0  # seconds of processing a quiet period allows beyond the longest interval
 SETTINGS = settings(
@@ -159,7 +159,11 @@ class SyncModel(RuleBasedStateMachine):
             return
         obj["spec"] = spec
         updated = self.world.server.update(HSEC, NS, f"h{slot}", obj)
-        self._triggered(slot, f"spec edited: {'.'.join(path)}={value}", HSEC, updated)
+        if path in (("environmentId",), ("authSecretRef", "name")):  # a new source: a first sync
+            self._triggered(slot, f"spec edited: {'.'.join(path)}={value}", HSEC, updated)
+        else:  # the data already held is as current as a timed poll's would be
+            self.oracle.touched()
+            self.world.run_until(self.world.clock.t)
 
     @rule(slot=slots)
     def force_sync(self, slot: int) -> None:
@@ -297,9 +301,12 @@ class SyncModel(RuleBasedStateMachine):
         assert world.process is not None
         now = world.clock.epoch()
         waits = [api.parse_spec(o).refresh_interval for o in world.server.objects_of(HSEC)]
-        timer = world.process.next_timer()
-        waits += [timer - now if timer is not None else 0.0, world.himitsu.horizon - world.clock.t]
-        world.run_until(world.clock.t + min(max(waits), 400.0) + MARGIN)
+        waits += [t - now for t in world.process.timers()]  # the latest retry
+        waits.append(world.himitsu.horizon - world.clock.t)
+        end = world.clock.t + min(max(waits), 400.0) + MARGIN
+        while world.clock.t < end:  # a rate-limit window met on the way ends the wait later
+            world.run_until(end)
+            end = max(end, min(world.himitsu.horizon + 1.0, world.clock.t + 400.0) + MARGIN)
         if "settled" in self.checks:
             problems = [p for o in world.server.objects_of(HSEC)
                         if (p := world.oracle.sync_problem(o)) is not None]
@@ -344,5 +351,23 @@ def run_model(checks: frozenset[str], *, shrink: bool = True) -> None:
     run_state_machine_as_test(machine, settings=settings(SETTINGS, phases=phases))
 
 
+# Invariants whose fix has not reached main yet. Each is checked on its own in a strict
+# xfail test below, so the day its fix lands that test fails (XPASS): then delete its
+# line here, and the main test enforces it with the others. Never weaken one instead.
+PENDING: dict[str, str] = {
+    "fresh": "issue 11 item 4: a first sync or a repair after a deleted target takes a "
+             "shared or remembered answer that is stale",
+    "quiet": "issue 11 item 3: the first poll after a restart is a full fetch (the poller "
+             "holds no entry and sends no If-None-Match)",
+}
+
+
 def test_model_based_sync_invariants() -> None:
-    run_model(CHECKS)
+    run_model(CHECKS - PENDING.keys())
+
+
+@pytest.mark.parametrize("check", [
+    pytest.param(check, marks=pytest.mark.xfail(strict=True, reason=reason))
+    for check, reason in sorted(PENDING.items())])
+def test_model_based_pending_invariant(check: str) -> None:
+    run_model(frozenset({check}), shrink=False)
