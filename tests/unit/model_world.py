@@ -126,7 +126,8 @@ class Process:
         rest = cast(RestClient, world.rest)
         clock = world.clock.epoch
         self.hsecs = Informer(rest, kube.HIMITSU_SECRETS, name="himitsusecrets",
-                              indexers={cli.TARGET_INDEX: cli._target_index}, clock=clock)
+                              indexers={cli.TARGET_INDEX: cli._target_index,
+                                        cli.AUTH_INDEX: kube.token_refs}, clock=clock)
         self.secrets = Informer(rest, kube.SECRETS, name="secrets",
                                 label_selector=SECRET_SELECTOR, clock=clock)
         self.kube = kube.KubeClient(rest, himitsu_secrets=self.hsecs.store,
@@ -137,10 +138,12 @@ class Process:
             clock=clock)
         self.poller = polls.SharedPoller(self.client, clock=clock, rng=world.rng.random)
         self.reconciler = HimitsuSecretReconciler(
-            self.kube, self.poller, now=world.clock.now, rng=world.rng.random)
+            self.kube, self.poller, allowed_api_urls=[API_URL], now=world.clock.now,
+            rng=world.rng.random)
         self.queue = RateLimitingQueue(cli.CONTROLLER_NAME, controller=cli.CONTROLLER_NAME,
                                        clock=clock)
         self.ctrl = Controller(cli.CONTROLLER_NAME, world.reconcile, workers=1, queue=self.queue)
+        cli._forget_tokens_with_their_users(self.hsecs, self.kube)
         cli._wire_events(self.ctrl, self.hsecs, self.secrets)
         # cli's safety net at its default period (it never fires in a run this short: the
         # invariants must hold without it).
@@ -233,6 +236,12 @@ class World:
             times = [*process.timers(), process.resync_at,
                      *(t for f in process.feeds if (t := f.due()) is not None)]
             if not times or min(times) > end_epoch:
+                break
+            if min(times) <= self.clock.epoch():  # due, yet nothing was handed out
+                q = process.queue
+                self.oracle.violation(
+                    f"livelock: a timer is due but the queue hands out nothing: waiting "
+                    f"{q._waiting_entry}, processing {q._processing}, dirty {q._dirty}")
                 break
             self.clock.reach(min(times))
         else:

@@ -41,6 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from model_checks import CHECKS, Oracle
+from model_himitsu import WINDOW
 from model_kube import FAULTS, HSEC, SECRET
 from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
 
@@ -304,9 +305,11 @@ class SyncModel(RuleBasedStateMachine):
         waits += [t - now for t in world.process.timers()]  # the latest retry
         waits.append(world.himitsu.horizon - world.clock.t)
         end = world.clock.t + min(max(waits), 400.0) + MARGIN
-        while world.clock.t < end:  # a rate-limit window met on the way ends the wait later
+        limit = end + 2 * WINDOW  # a rate-limit window met on the way ends the wait later
+        ran_to = -1.0
+        while ran_to < end:
             world.run_until(end)
-            end = max(end, min(world.himitsu.horizon + 1.0, world.clock.t + 400.0) + MARGIN)
+            ran_to, end = end, min(max(end, world.himitsu.horizon + 1.0 + MARGIN), limit)
         if "settled" in self.checks:
             problems = [p for o in world.server.objects_of(HSEC)
                         if (p := world.oracle.sync_problem(o)) is not None]
@@ -354,12 +357,7 @@ def run_model(checks: frozenset[str], *, shrink: bool = True) -> None:
 # Invariants whose fix has not reached main yet. Each is checked on its own in a strict
 # xfail test below, so the day its fix lands that test fails (XPASS): then delete its
 # line here, and the main test enforces it with the others. Never weaken one instead.
-PENDING: dict[str, str] = {
-    "fresh": "issue 11 item 4: a first sync or a repair after a deleted target takes a "
-             "shared or remembered answer that is stale",
-    "quiet": "issue 11 item 3: the first poll after a restart is a full fetch (the poller "
-             "holds no entry and sends no If-None-Match)",
-}
+PENDING: dict[str, str] = {}  # none: every fix of issue 11 is on main
 
 
 def test_model_based_sync_invariants() -> None:
