@@ -15,7 +15,6 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -23,7 +22,16 @@ import structlog
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import allowlist, lag, polls, render, schedule, targets, writes
+from himitsu_controller.sync import (
+    allowlist,
+    lag,
+    polls,
+    render,
+    schedule,
+    targets,
+    wakes,
+    writes,
+)
 from himitsu_controller.sync.expectations import Memory, resource_version
 from himitsu_controller.sync.ports import Fetcher, Kube, KubeError
 from himitsu_controller.sync.status import StatusWriter
@@ -53,15 +61,6 @@ class _Requeue(Exception):
         self.paced = paced
 
 
-@dataclass(frozen=True)
-class _Context:
-    key: str
-    obj: dict[str, Any]
-    owner: targets.Owner
-    generation: int
-    status: api.Status
-
-
 class HimitsuSecretReconciler:
     def __init__(
         self, kube: Kube, fetcher: Fetcher, *, allowed_api_urls: Sequence[str] = (),
@@ -88,7 +87,7 @@ class HimitsuSecretReconciler:
             self._forget(key)
             return Result()
         meta = obj["metadata"]
-        ctx = _Context(
+        ctx = wakes.Context(
             key=key, obj=obj, generation=int(meta.get("generation") or 0),
             owner=targets.Owner(namespace=namespace, name=name, uid=str(meta.get("uid", ""))),
             status=self._status.effective(key, obj),
@@ -113,14 +112,14 @@ class HimitsuSecretReconciler:
 
     # -- the happy path -------------------------------------------------------------
 
-    def _sync(self, ctx: _Context, spec: api.Spec, api_url: str) -> Result:
+    def _sync(self, ctx: wakes.Context, spec: api.Spec, api_url: str) -> Result:
         mem = self._remember(ctx)
         lag.first_sight(mem, last_sync_time=ctx.status.last_sync_time,
-                        interval=spec.refresh_interval, in_step=_in_step(ctx))
-        deferred = self._defer_after_restart(ctx, spec, mem)
+                        interval=spec.refresh_interval, in_step=wakes.in_step(ctx))
+        deferred = wakes.defer_after_restart(self._kube, ctx, spec, mem, now=self._clock())
         if deferred is not None:
             return deferred
-        idle = self._woken_idle(ctx, spec, mem)
+        idle = wakes.woken_idle(self._kube, ctx, spec, mem, now=self._clock())
         if idle is not None:
             return idle
         if api.force_sync_value(ctx.obj) != ctx.status.last_force_sync:
@@ -194,9 +193,9 @@ class HimitsuSecretReconciler:
         if mem.revalidate is not None:
             soon = polled + retry if retry is not None else answered + schedule.FRESH
             mem.due = soon if mem.due is None else min(mem.due, soon)
-        return self._until_due(mem)
+        return wakes.until_due(mem, now=self._clock())
 
-    def _follow_spec(self, ctx: _Context, spec: api.Spec, mem: Memory, api_url: str) -> None:
+    def _follow_spec(self, ctx: wakes.Context, spec: api.Spec, mem: Memory, api_url: str) -> None:
         """Memory follows the spec: a HimitsuSecret whose spec names another source leaves
         the old one (its secrets go with its last reader) even if this reconcile fails
         before it reads anything (a missing token Secret)."""
@@ -207,7 +206,7 @@ class HimitsuSecretReconciler:
             mem.reads, mem.source, mem.revalidate = reads, None, None
 
     @staticmethod
-    def _known_version(ctx: _Context, *, intact: bool) -> int | None:
+    def _known_version(ctx: wakes.Context, *, intact: bool) -> int | None:
         """The version to send in If-None-Match, or None when a full fetch is required.
 
         ``intact``: the target holds exactly what we wrote at ``status.configVersion``
@@ -219,61 +218,8 @@ class HimitsuSecretReconciler:
             return None  # a user asked for a full fetch
         return status.config_version if intact else None
 
-    def _defer_after_restart(
-        self, ctx: _Context, spec: api.Spec, mem: Memory,
-    ) -> Result | None:
-        """First reconcile in this process of a healthy object: wait for its next poll.
-
-        Without this every restart would poll every HimitsuSecret at once.
-        """
-        if mem.target_rv is not None or mem.failures or spec.refresh_interval <= 0:
-            return None
-        status = ctx.status
-        last = api.parse_time(status.last_sync_time)
-        if last is None or not _in_step(ctx):
-            return None
-        now = self._now().timestamp()
-        # A lastSyncTime ahead of our clock (another replica's skew) waits no longer
-        # than an interval.
-        remaining = min(last.timestamp() + spec.refresh_interval - now, spec.refresh_interval)
-        if schedule.is_due(now, now + remaining):
-            return None
-        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name)
-        if not targets.is_consistent(
-            target, owner=ctx.owner, spec=spec, version=status.config_version,
-        ):
-            return None
-        mem.expect(resource_version(target))
-        mem.due = now + remaining
-        mem.answered = mem.due - spec.refresh_interval  # lastSyncTime: what the target holds
-        mem.interval = spec.refresh_interval
-        return self._until_due(mem)
-
-    def _woken_idle(self, ctx: _Context, spec: api.Spec, mem: Memory) -> Result | None:
-        """Woken before the next poll with everything as this process left it: the echo
-        of our own write (the target's watch event), a resync, a metadata-only edit.
-        Back to sleep until the poll is due, or for refreshInterval 0 for good.
-
-        Without this every data change (and every first sync) cost a second reconcile
-        with its own status patch, and "0 syncs once" was twice. Drift (another
-        resourceVersion or no target), a spec change, a force-sync, a failure and a
-        restart (no memory yet) all go on to sync.
-        """
-        if mem.target_rv is None or mem.failures or not _in_step(ctx):
-            return None
-        now = self._now().timestamp()
-        if spec.refresh_interval > 0 and (mem.due is None or schedule.is_due(now, mem.due)):
-            return None
-        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
-        self._note_cache(mem, target)
-        if resource_version(target) != mem.target_rv or not targets.is_consistent(
-            target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
-        ):
-            return None
-        return self._until_due(mem)
-
     def _read_target(
-        self, ctx: _Context, spec: api.Spec, mem: Memory,
+        self, ctx: wakes.Context, spec: api.Spec, mem: Memory,
     ) -> dict[str, Any] | None:
         # An Owner target we may write is labelled as ours, so the informer holds it. For
         # a HimitsuSecret that never wrote one, a miss means there is none, and the
@@ -286,7 +232,7 @@ class HimitsuSecretReconciler:
         owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
         target = self._kube.get_secret(
             ctx.owner.namespace, spec.target.name, cached=owner_policy)
-        self._note_cache(mem, target)
+        wakes.note_cache(mem, target)
         missing = target is None and owner_policy
         if missing and mem.target_rv is None and ctx.status.config_version is None:
             return None  # never written by this HimitsuSecret: nothing to ask
@@ -300,11 +246,6 @@ class HimitsuSecretReconciler:
             mem.expect(resource_version(target))
         return target
 
-    @staticmethod
-    def _note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
-        if mem.target_rv is not None and resource_version(target) == mem.target_rv:
-            mem.cache_has_write = True
-
     def _token(self, namespace: str, spec: api.Spec, api_url: str) -> str:
         try:
             return self._tokens.read(namespace, spec.auth_secret_name, spec.auth_secret_key,
@@ -315,7 +256,7 @@ class HimitsuSecretReconciler:
             raise _Failure("AuthenticationFailure", str(exc)) from None
 
     def _fetch(
-        self, ctx: _Context, spec: api.Spec, token: str, known: int | None, *,
+        self, ctx: wakes.Context, spec: api.Spec, token: str, known: int | None, *,
         window: float, api_url: str, floor: int | None, fallback: bool,
     ) -> tuple[himitsu.FetchResult, float | None]:
         """Himitsu's answer, and None; or, for a write that cannot wait (``fallback``: a
@@ -352,7 +293,7 @@ class HimitsuSecretReconciler:
                            "the Himitsu API answered 304 to an unconditional request")
         return result, None
 
-    def _fetch_failed(self, ctx: _Context, spec: api.Spec, exc: Exception) -> NoReturn:
+    def _fetch_failed(self, ctx: wakes.Context, spec: api.Spec, exc: Exception) -> NoReturn:
         if isinstance(exc, polls.LocallyRateLimited):  # not sent: a quiet wait
             raise _Requeue(max(0.5, exc.retry_after), paced=True) from None
         if isinstance(exc, (himitsu.Unauthorized, himitsu.Forbidden)):
@@ -375,7 +316,7 @@ class HimitsuSecretReconciler:
             raise _Failure("InvalidSpec", str(exc)) from None
 
     def _write(
-        self, ctx: _Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
+        self, ctx: wakes.Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
         rendered: dict[str, str], version: int,
     ) -> bool:
         try:
@@ -403,7 +344,7 @@ class HimitsuSecretReconciler:
 
     # -- failures and timing ----------------------------------------------------------
 
-    def _failed(self, ctx: _Context, spec: api.Spec | None, failure: _Failure) -> Result:
+    def _failed(self, ctx: wakes.Context, spec: api.Spec | None, failure: _Failure) -> Result:
         mem = self._remember(ctx)
         mem.failures += 1
         mem.due = None  # a retry is not the scheduled poll: no lateness allowance
@@ -420,17 +361,7 @@ class HimitsuSecretReconciler:
         delay = failure.retry_after or schedule.backoff(mem.failures, interval)
         return Result(requeue_after=delay, error=failure.reason)
 
-    def _until_due(self, mem: Memory) -> Result:
-        """Sleep until the next poll, never longer than refreshInterval (a wall clock
-        stepped back: ``schedule.within_interval``). Only refreshInterval 0 (no poll due)
-        forgets the key; a due time already past is "poll now" (``schedule.requeue_delay``)."""
-        if mem.due is None:
-            return Result()
-        now = self._now().timestamp()
-        mem.due = schedule.within_interval(now, mem.due, mem.interval)
-        return Result(requeue_after=schedule.requeue_delay(now, mem.due))
-
-    def _note_overdue(self, ctx: _Context, spec: api.Spec) -> None:
+    def _note_overdue(self, ctx: wakes.Context, spec: api.Spec) -> None:
         """A poll held back by request pacing with the target over a refreshInterval past
         its promise: Ready's message says so (one patch: the note does not change while
         the poll waits). The promise is mem.interval's, not a refreshInterval edited since."""
@@ -443,6 +374,9 @@ class HimitsuSecretReconciler:
                                  interval=interval, generation=ctx.generation)
         except KubeError as exc:
             log.warning("status update failed", key=ctx.key, error=str(exc))
+
+    def _clock(self) -> float:
+        return self._now().timestamp()
 
     def lag(self) -> tuple[float, int]:
         """The largest lag behind the promise and how many targets lag, over every
@@ -474,7 +408,7 @@ class HimitsuSecretReconciler:
         target = ((obj.get("spec") or {}).get("target") or {}).get("name")
         return target == secret_name
 
-    def _remember(self, ctx: _Context) -> Memory:
+    def _remember(self, ctx: wakes.Context) -> Memory:
         with self._lock:
             mem = self._memory.get(ctx.key)
             if mem is None or mem.uid != ctx.owner.uid:
@@ -486,11 +420,3 @@ class HimitsuSecretReconciler:
             self._memory.pop(key, None)
         self._status.forget(key)
         self._fetcher.release(key)  # the shared poller drops a source nobody reads any more
-
-
-def _in_step(ctx: _Context) -> bool:
-    """Ready, written for this generation, and no force-sync pending: nothing asks for a poll."""
-    status = ctx.status
-    return (status.ready is not None and status.ready.status == "True"
-            and status.observed_generation == ctx.generation
-            and api.force_sync_value(ctx.obj) == status.last_force_sync)

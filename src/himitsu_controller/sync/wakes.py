@@ -1,0 +1,112 @@
+"""When a reconcile wakes and whether it must ask anything: the wake rules.
+
+A HimitsuSecret is woken by its own timer, by watch events (our own write's echo, drift,
+a spec edit), by the periodic resync and by a restart. Most of those wakes must cost
+nothing: ``woken_idle`` sends an object back to sleep when everything is as this process
+left it, ``defer_after_restart`` lets a healthy object wait for its next poll after a
+restart (without it every restart would poll every object at once), and ``until_due``
+turns the next due time into the controller's Result, never later than refreshInterval
+and never "done" for an object that still has polls to make (only refreshInterval 0 is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from himitsu_controller import api
+from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync import schedule, targets
+from himitsu_controller.sync.expectations import Memory, resource_version
+from himitsu_controller.sync.ports import Kube
+
+__all__ = ["Context", "defer_after_restart", "in_step", "note_cache", "until_due", "woken_idle"]
+
+
+@dataclass(frozen=True)
+class Context:
+    key: str
+    obj: dict[str, Any]
+    owner: targets.Owner
+    generation: int
+    status: api.Status
+
+
+def in_step(ctx: Context) -> bool:
+    """Ready, written for this generation, and no force-sync pending: nothing asks for a poll."""
+    status = ctx.status
+    return (status.ready is not None and status.ready.status == "True"
+            and status.observed_generation == ctx.generation
+            and api.force_sync_value(ctx.obj) == status.last_force_sync)
+
+
+def defer_after_restart(
+    kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, *, now: float,
+) -> Result | None:
+    """First reconcile in this process of a healthy object: wait for its next poll.
+
+    Without this every restart would poll every HimitsuSecret at once.
+    """
+    if mem.target_rv is not None or mem.failures or spec.refresh_interval <= 0:
+        return None
+    status = ctx.status
+    last = api.parse_time(status.last_sync_time)
+    if last is None or not in_step(ctx):
+        return None
+    # A lastSyncTime ahead of our clock (another replica's skew) waits no longer
+    # than an interval.
+    remaining = min(last.timestamp() + spec.refresh_interval - now, spec.refresh_interval)
+    if schedule.is_due(now, now + remaining):
+        return None
+    target = kube.get_secret(ctx.owner.namespace, spec.target.name)
+    if not targets.is_consistent(
+        target, owner=ctx.owner, spec=spec, version=status.config_version,
+    ):
+        return None
+    mem.expect(resource_version(target))
+    mem.due = now + remaining
+    mem.answered = mem.due - spec.refresh_interval  # lastSyncTime: what the target holds
+    mem.interval = spec.refresh_interval
+    return until_due(mem, now=now)
+
+
+def woken_idle(
+    kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, *, now: float,
+) -> Result | None:
+    """Woken before the next poll with everything as this process left it: the echo
+    of our own write (the target's watch event), a resync, a metadata-only edit.
+    Back to sleep until the poll is due, or for refreshInterval 0 for good.
+
+    Without this every data change (and every first sync) cost a second reconcile
+    with its own status patch, and "0 syncs once" was twice. Drift (another
+    resourceVersion or no target), a spec change, a force-sync, a failure and a
+    restart (no memory yet) all go on to sync.
+    """
+    if mem.target_rv is None or mem.failures or not in_step(ctx):
+        return None
+    if spec.refresh_interval > 0 and (mem.due is None or schedule.is_due(now, mem.due)):
+        return None
+    target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
+    note_cache(mem, target)
+    if resource_version(target) != mem.target_rv or not targets.is_consistent(
+        target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
+    ):
+        return None
+    return until_due(mem, now=now)
+
+
+def note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
+    """The informer has shown our last write: from now on it lags no more."""
+    if mem.target_rv is not None and resource_version(target) == mem.target_rv:
+        mem.cache_has_write = True
+
+
+def until_due(mem: Memory, *, now: float) -> Result:
+    """Sleep until the next poll, never longer than refreshInterval (a wall clock
+    stepped back: ``schedule.within_interval``). Only refreshInterval 0 (no poll due)
+    forgets the key; a due time already past is "poll now" (``schedule.requeue_delay``)."""
+    if mem.due is None:
+        return Result()
+    mem.due = schedule.within_interval(now, mem.due, mem.interval)
+    return Result(requeue_after=schedule.requeue_delay(now, mem.due))
