@@ -61,8 +61,9 @@ class Change:
     new: Obj | None
 
 
-def status_error(code: int, reason: str, message: str) -> ApiError:
-    return ApiError(code, reason, message)
+def status_error(code: int, reason: str, message: str,
+                 details: Mapping[str, str] | None = None) -> ApiError:
+    return ApiError(code, reason, message, details=details)
 
 
 def secret_errors(secret: Mapping[str, Any]) -> list[str]:
@@ -158,7 +159,9 @@ class ApiServer:
             meta["generation"] = 1
             obj.pop("status", None)
         if (resource, namespace, name) in self.objects:
-            raise status_error(409, "AlreadyExists", f'{_kind(resource)} "{name}" already exists')
+            # As the apiserver answers: its Status names the kind and the object in details.
+            raise status_error(409, "AlreadyExists", f'{_kind(resource)} "{name}" already exists',
+                               {"kind": _kind(resource), "name": name})
         if dry_run:
             return obj
         return self._store(resource, namespace, name, None, obj)

@@ -357,11 +357,7 @@ def run_model(checks: frozenset[str], *, shrink: bool = True) -> None:
 # Invariants whose fix has not reached main yet. Each is checked on its own in a strict
 # xfail test below, so the day its fix lands that test fails (XPASS): then delete its
 # line here, and the main test enforces it with the others. Never weaken one instead.
-PENDING: dict[str, str] = {
-    "settled": "since 0ce84de/affacee (main, 11:50 UTC): a HimitsuSecret whose target "
-               "name holds a foreign Secret ends Ready=False WriteFailure, not "
-               "TargetConflict, after a quiet period (found by this test; not yet analysed)",
-}
+PENDING: dict[str, str] = {}
 
 
 def test_model_based_sync_invariants() -> None:
