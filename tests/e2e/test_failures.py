@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -138,10 +139,11 @@ def deny_managed_secrets(kube: KubeApi, ns: str) -> Iterator[str]:
         kube.delete(f"{VAP_API}/validatingadmissionpolicies/{name}")
 
 
-def _wait_until_enforced(kube: KubeApi, ns: str) -> None:
+def _wait_until_enforced(kube: KubeApi, ns: str, probe: dict[str, Any] | None = None) -> None:
     """Policies load asynchronously: probe with a dry-run create until it is refused."""
-    probe = {"apiVersion": "v1", "kind": "Secret",
-             "metadata": {"name": "policy-probe", "labels": {"himitsu.io/managed": "true"}}}
+    probe = probe or {"apiVersion": "v1", "kind": "Secret",
+                      "metadata": {"name": "policy-probe",
+                                   "labels": {"himitsu.io/managed": "true"}}}
 
     def refused() -> bool:
         try:
@@ -202,18 +204,10 @@ def test_a_policy_that_prints_the_data_in_its_denial_leaks_nothing(
     try:
         sync = h.sync(ns, "tls.crt", "tls.key", refresh="5s")
         before = h.wait_data(ns, sync.target, sync.values)
-        probe = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                 "metadata": {"name": "policy-probe"},
-                 "data": {"tls.crt": "YQ==", "tls.key": "Yg=="}}
-
-        def refused() -> bool:
-            try:
-                kube.request("POST", secret_path(ns), body=probe, query={"dryRun": "All"})
-            except ApiError as exc:
-                return exc.status in (403, 422)
-            return False
-
-        wait_for(refused, timeout=30, what="the admission policy to be enforced")
+        _wait_until_enforced(kube, ns, {
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": "policy-probe"},
+            "data": {"tls.crt": "YQ==", "tls.key": "Yg=="}})
 
         kube.merge_patch(hsec_path(ns, sync.name),
                          {"spec": {"target": {"type": "kubernetes.io/tls"}}})

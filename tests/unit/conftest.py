@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 import urllib3.util.connection
 from fake_apiserver import FakeApiServer
 from fakes import SleepClock
 from hypothesis import HealthCheck, settings
 from kubernetes import client as k8s
+
+from himitsu_controller import logging as hlog
 
 # Property and model-based tests judge behaviour, never speed: no per-example deadline and
 # no too_slow health check (a loaded 2-core CI machine is slow, not wrong). Under CI the
@@ -56,3 +61,16 @@ def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
     monkeypatch.setattr(urllib3.util.connection, "create_connection", counting)
     return opened
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """The operator's log lines (JSON, debug and up) for one test; logging restored after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stream = io.StringIO()
+    hlog.configure(level="debug", fmt="json", stream=stream)
+    yield stream
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)

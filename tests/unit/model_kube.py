@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from fakes import merge_patch
+
 from himitsu_controller import api
 from himitsu_controller.runtime.apierrors import ApiError, TransportError
 from himitsu_controller.runtime.rest import Resource
@@ -255,19 +257,6 @@ class ApiServer:
         self._on_change(Change(self.rv, resource, copy.deepcopy(old) if old else None,
                                copy.deepcopy(obj)))
         return copy.deepcopy(obj)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
 
 
 def _kind(resource: str) -> str:

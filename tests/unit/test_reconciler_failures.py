@@ -12,8 +12,7 @@ import base64
 import copy
 import io
 import json
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,7 +32,6 @@ from reconcile_world import (
 )
 
 from himitsu_controller import api, himitsu
-from himitsu_controller import logging as hlog
 from himitsu_controller.sync import schedule
 from himitsu_controller.sync.polls import LocallyRateLimited
 from himitsu_controller.sync.ports import Conflict, KubeError
@@ -449,18 +447,6 @@ def test_ready_transition_time_kept_across_polls(world: World) -> None:
 
 
 # --- the canary: no token or secret value ever leaves through a side channel -------------
-
-
-@pytest.fixture
-def log_stream() -> Iterator[io.StringIO]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    stream = io.StringIO()
-    hlog.configure(level="debug", fmt="json", stream=stream)
-    yield stream
-    structlog.reset_defaults()
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def _to_merge(w: World) -> None:

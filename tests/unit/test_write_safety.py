@@ -9,16 +9,12 @@ from __future__ import annotations
 import base64
 import io
 import json
-import logging
-from collections.abc import Iterator
 
 import pytest
-import structlog
 from fakes import b64
 from reconcile_world import CANARY, NS, TARGET, World, fetched, merge_world
 
 from himitsu_controller import api
-from himitsu_controller import logging as hlog
 from himitsu_controller.runtime.metrics import REGISTRY
 from himitsu_controller.sync import scrub
 from himitsu_controller.sync.ports import Conflict, KubeError
@@ -30,18 +26,6 @@ WRITES = ("dry_run_create_secret", "create_secret", "update_secret", "delete_sec
 
 def writes_of(world: World) -> list[str]:
     return [call for call in world.kube.order if call in WRITES]
-
-
-@pytest.fixture
-def log_stream() -> Iterator[io.StringIO]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    stream = io.StringIO()
-    hlog.configure(level="debug", fmt="json", stream=stream)
-    yield stream
-    structlog.reset_defaults()
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 # --- a terminating target (finalizers) --------------------------------------------------
