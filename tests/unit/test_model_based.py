@@ -15,6 +15,12 @@ each is what the contract promises.
 Settings: derandomized and database-less, so every run (CI included) draws the same
 examples and a failure replays; ``MAX_EXAMPLES`` x ``STEPS`` is what two cores run in
 about a minute. A failure prints the shrunk steps (hypothesis) and the violations.
+
+`make test` runs this file in a pytest process of its own. Run after the whole unit suite in
+one process (CI=true, 2026-12-01) it fails an example that passes when the file runs alone or
+after either half of the suite before it: some module-level state another test leaves behind
+(registries, caches, watchdog threads) changes what the operator does here. Not yet found;
+until it is, the separate process keeps this test a test of the operator, not of test order.
 """
 
 from __future__ import annotations
