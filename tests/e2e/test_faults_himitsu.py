@@ -120,12 +120,15 @@ def _unchanged(kube: KubeApi, victims: list[Victim]) -> str | None:
 
 
 def _all_failing(h: Harness, victims: list[Victim]) -> bool:
+    """Every victim reports FetchFailure and has made the fewest requests its fault allows
+    (a victim can fail on its first request: the hold must not end before its retries)."""
     for victim in victims:
         if not victim.message:
             obj = h.kube.hsec(victim.sync.namespace, victim.sync.name)
             if is_ready(obj, reason="FetchFailure"):
                 victim.message = str((ready(obj) or {}).get("message", ""))
-    return all(victim.message for victim in victims)
+    return all(victim.message and len(h.standin.requests_after(victim.sync.env, victim.mark))
+               >= victim.fault.fewest_requests for victim in victims)
 
 
 def _check_during(h: Harness, victims: list[Victim], *, started: float, ended: float,
