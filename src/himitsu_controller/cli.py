@@ -36,7 +36,7 @@ from himitsu_controller.runtime.manager import Manager
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.runtime.writegate import WriteGate
-from himitsu_controller.sync import allowlist, pacing, polls
+from himitsu_controller.sync import allowlist, pacing, polls, summary
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 log = structlog.get_logger(__name__)
@@ -224,10 +224,12 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
         indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},
+        transform=summary.himitsu_secret,
     )
+    # Summaries, never values: a write reads its target afresh (sync/summary.py).
     secrets = Informer(
         rest, kube.SECRETS, namespace=args.namespace, name="secrets",
-        label_selector=f"{api.LABEL_MANAGED}=true",
+        label_selector=f"{api.LABEL_MANAGED}=true", transform=summary.secret,
     )
     # One line per API key and URL: the poller's first attempts and the client's retries.
     pacer = pacing.Pacer()

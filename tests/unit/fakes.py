@@ -7,7 +7,9 @@ and a Secret a real apiserver would refuse (a well-known type without its requir
 over the size limits) gets its 422, dry run (``?dryRun=All``) included.
 Reads can be served from a deliberately stale "cache" (`freeze_cache`) while a fresh
 read sees the truth, which is exactly the informer lag the reconciler's expectations
-must survive. Every call is counted, and any call can be made to fail once.
+must survive. A read the informer would answer (a labelled Secret, not ``fresh``) gives
+its summary (``sync.summary``: digests, no values), as the real Secret informer keeps.
+Every call is counted, and any call can be made to fail once.
 
 `FakeFetcher` plays back a script of results and exceptions and records the
 ``known_version`` each call carried, which is how the tests tell a conditional request
@@ -28,6 +30,7 @@ from typing import Any
 
 from himitsu_controller import himitsu
 from himitsu_controller.api import ANN_ALLOWED_API_URLS, LABEL_MANAGED
+from himitsu_controller.sync import summary
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound, SecretValue
 
 Key = tuple[str, str]
@@ -161,13 +164,13 @@ class FakeKube:
         self._maybe_fail("get_secret_fresh" if fresh else
                          "get_secret_cached" if cached else "get_secret")
         key = (namespace, name)
-        if not fresh and key in self._frozen_secrets:
-            return copy.deepcopy(self._frozen_secrets[key])
-        found = self.secrets.get(key)
-        if cached and found is not None and (
-                (found.get("metadata") or {}).get("labels") or {}).get(LABEL_MANAGED) != "true":
-            return None
-        return copy.deepcopy(found)
+        if fresh:
+            return copy.deepcopy(self.secrets.get(key))
+        found = self._frozen_secrets[key] if key in self._frozen_secrets else \
+            self.secrets.get(key)
+        if found is None or not _labelled(found):
+            return None if cached else copy.deepcopy(found)
+        return summary.secret(copy.deepcopy(found))  # what the informer keeps
 
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,
@@ -257,6 +260,10 @@ class FakeKube:
             namespace=str(meta.get("namespace")), name=str(meta.get("name")),
             type=type, reason=reason, message=message,
         ))
+
+
+def _labelled(secret: Mapping[str, Any]) -> bool:
+    return ((secret.get("metadata") or {}).get("labels") or {}).get(LABEL_MANAGED) == "true"
 
 
 # What kube-apiserver's ValidateSecret requires of each well-known type (checked on the

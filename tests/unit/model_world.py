@@ -38,7 +38,7 @@ from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.rest import RestClient
 from himitsu_controller.runtime.resync import DEFAULT_PERIOD, Resync
 from himitsu_controller.runtime.workqueue import RateLimitingQueue
-from himitsu_controller.sync import polls
+from himitsu_controller.sync import polls, summary
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 T0 = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
@@ -127,9 +127,11 @@ class Process:
         clock = world.clock.epoch
         self.hsecs = Informer(rest, kube.HIMITSU_SECRETS, name="himitsusecrets",
                               indexers={cli.TARGET_INDEX: cli._target_index,
-                                        cli.AUTH_INDEX: kube.token_refs}, clock=clock)
+                                        cli.AUTH_INDEX: kube.token_refs}, clock=clock,
+                              transform=summary.himitsu_secret)
         self.secrets = Informer(rest, kube.SECRETS, name="secrets",
-                                label_selector=SECRET_SELECTOR, clock=clock)
+                                label_selector=SECRET_SELECTOR, clock=clock,
+                                transform=summary.secret)
         self.kube = kube.KubeClient(rest, himitsu_secrets=self.hsecs.store,
                                     secrets=self.secrets.store, clock=clock, instance="model",
                                     events=world)

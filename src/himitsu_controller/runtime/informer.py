@@ -31,6 +31,8 @@ relist-on-410 diff. A controller needs the reflector's guarantees:
   since a restart may fix that but cannot fix an unreachable apiserver, so a refused
   connection starts that clock over.
 
+Every object is reduced by the informer's transform (``transform``: managedFields always
+go) before it is cached or handed to a handler, on the list and the watch path alike.
 Handlers run on the informer thread, in event order; a failing handler is logged and
 the informer carries on. On a relist an object whose resourceVersion did not change is
 not re-announced (client-go's resync-on-relist is what the workqueue's timed requeues
@@ -52,6 +54,7 @@ from .apierrors import ApiError, TransportError, describe_exception, is_resource
 from .pager import Pager
 from .rest import Resource, RestClient, WatchStream
 from .store import IndexFunc, Store, object_key, resource_version
+from .transform import Transform, apply
 from .watchstream import WatchDecodeError
 
 __all__ = ["Informer", "Store", "object_key"]
@@ -111,10 +114,13 @@ class Informer:
                  label_selector: str | None = None, field_selector: str | None = None,
                  page_size: int = 500, indexers: Mapping[str, IndexFunc] | None = None,
                  name: str | None = None, watch_read_timeout: float = 90.0,
+                 transform: Transform | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
                  sleep: Callable[[threading.Event, float], object] | None = None) -> None:
-        """``sleep(stop, seconds)`` is how backoffs wait (default ``stop.wait``)."""
+        """``sleep(stop, seconds)`` is how backoffs wait (default ``stop.wait``);
+        ``transform`` reduces each object before it is cached (``runtime.transform``:
+        managedFields are dropped whatever it is)."""
         self.store = Store(indexers)
         self.resource = resource
         self.namespace = namespace
@@ -123,7 +129,8 @@ class Informer:
         self._path = resource.path(namespace if resource.namespaced else None)
         self._selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
         self._pager = Pager(rest, resource, namespace=namespace, selectors=self._selectors,
-                            page_size=page_size, name=self.name)
+                            page_size=page_size, name=self.name, transform=transform)
+        self._transform = transform
         self._watch_read_timeout = watch_read_timeout
         self._clock = clock
         self._rng = rng
@@ -328,9 +335,14 @@ class Informer:
                         type=str(kind)[:40])
             return
         rv = resource_version(obj)
-        if kind == "BOOKMARK":
+        if kind == "BOOKMARK":  # a resourceVersion, never an object to cache
             self._rv = rv or self._rv
             return
+        kept = apply(self._transform, obj, informer=self.name)
+        if kept is None:
+            self._rv = rv or self._rv
+            return
+        obj = kept
         key = object_key(obj)
         with self._dispatch_lock:
             if kind == "DELETED":

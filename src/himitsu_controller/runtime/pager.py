@@ -31,6 +31,7 @@ import structlog
 from .apierrors import ApiError, is_resource_expired, is_too_large_resource_version
 from .rest import Resource, RestClient
 from .store import object_key
+from .transform import Transform, apply
 
 __all__ = ["Pager"]
 
@@ -44,8 +45,12 @@ class Pager:
     """LISTs one resource (namespace, selectors) with the reflector's resourceVersions."""
 
     def __init__(self, rest: RestClient, resource: Resource, *, namespace: str | None,
-                 selectors: Mapping[str, str | None], page_size: int, name: str) -> None:
+                 selectors: Mapping[str, str | None], page_size: int, name: str,
+                 transform: Transform | None = None) -> None:
+        """``transform`` is applied to each item page by page (``runtime.transform``), so
+        a listing never holds every object whole at once."""
         self._rest = rest
+        self._transform = transform
         self._resource = resource
         self._namespace = namespace if resource.namespaced else None
         self._selectors = dict(selectors)
@@ -105,29 +110,32 @@ class Pager:
                 page = self._rest.list(self._resource, namespace=self._namespace,
                                        query={**first, "limit": None})
                 items = {}
-                _collect(page, items)
+                self._collect(page, items)
                 return items, _version(page), paginated
-            _collect(page, items)
+            self._collect(page, items)
             token = (page.get("metadata") or {}).get("continue") or None
             if token is None:
                 return items, _version(page), paginated
             query = {**self._selectors, "limit": limit, "continue": token}
             paginated = True
 
+    def _collect(self, page: Mapping[str, Any], items: dict[str, Object]) -> None:
+        # List items carry no apiVersion/kind; fill them in so cached objects look the
+        # same whether they came from a LIST or a watch event.
+        api_version = page.get("apiVersion")
+        list_kind = str(page.get("kind", ""))
+        kind = list_kind.removesuffix("List") if list_kind.endswith("List") else None
+        for item in page.get("items") or []:
+            if api_version and "apiVersion" not in item:
+                item["apiVersion"] = api_version
+            if kind and "kind" not in item:
+                item["kind"] = kind
+            kept = apply(self._transform, item, informer=self._name)
+            if kept is not None:
+                items[object_key(kept)] = kept
+
 
 def _version(page: Mapping[str, Any]) -> str:
     return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
 
-def _collect(page: Mapping[str, Any], items: dict[str, Object]) -> None:
-    # List items carry no apiVersion/kind; fill them in so cached objects look the same
-    # whether they came from a LIST or a watch event.
-    api_version = page.get("apiVersion")
-    list_kind = str(page.get("kind", ""))
-    kind = list_kind.removesuffix("List") if list_kind.endswith("List") else None
-    for item in page.get("items") or []:
-        if api_version and "apiVersion" not in item:
-            item["apiVersion"] = api_version
-        if kind and "kind" not in item:
-            item["kind"] = kind
-        items[object_key(item)] = item

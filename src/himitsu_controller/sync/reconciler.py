@@ -325,7 +325,9 @@ class HimitsuSecretReconciler:
         except writes.Refused as exc:
             raise _Failure(exc.reason, exc.message) from None
         except writes.Raced as exc:
-            mem.expect(None)
+            # What a direct read showed, if one did: the next reconcile reads it afresh
+            # (the cache disagrees with it) instead of deciding on the cache again.
+            mem.expect(exc.seen)
             mem.read_live = mem.read_live or exc.creating
             mem.races += 1
             if mem.races >= RACES_REPORTED:  # now _failed's backoff paces the retries

@@ -4,6 +4,10 @@ Pure functions over raw Secret dicts, kept apart from the reconcile flow so the 
 that protect users' data (who owns a Secret, which keys are ours, when a conditional
 request is safe) can be read and tested on their own.
 
+A Secret read from the informer is its summary (``sync.summary``: digests, no values):
+every check here reads summaries and whole Secrets alike; only a write is built on a
+whole Secret (``desired_secret`` refuses a summary).
+
 Ownership is recorded on the Secret itself (``himitsu.io/owned-by``), not only in an
 ownerReference, because Merge targets carry no ownerReference and the operator must
 still tell its keys from everyone else's after a restart.
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from himitsu_controller import api
+from himitsu_controller.sync import summary
 from himitsu_controller.sync.render import data_hash
 
 
@@ -121,14 +126,13 @@ def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str) -> list[
     written_as_owner = (api.ANN_MANAGED_KEYS not in annotations_of(secret)
                         and _has_our_controller_ref(secret.get("metadata") or {}))
     if policy == "Owner" or written_as_owner:
-        return sorted((secret.get("data") or {}).keys())
+        return summary.keys_of(secret)
     return managed_keys(secret)
 
 
-def current_hash(secret: Mapping[str, Any], *, policy: str) -> str:
-    data = secret.get("data") or {}
-    keys = our_previous_keys(secret, policy=policy)
-    return data_hash({k: data[k] for k in keys if k in data})
+def current_hash(secret: Mapping[str, Any], *, policy: str) -> str | None:
+    """The digest of our keys' values (None: a summary cannot tell)."""
+    return summary.hash_over(secret, our_previous_keys(secret, policy=policy))
 
 
 def is_consistent(
@@ -151,13 +155,14 @@ def holds_data(
     if secret is None or version is None:
         return False
     ann = annotations_of(secret)
+    recorded = ann.get(api.ANN_DATA_HASH)
     return (
-        owned_by(secret) == owner.name
+        recorded is not None
+        and owned_by(secret) == owner.name
         and secret.get("type", "Opaque") == spec.target.type
         and ann.get(api.ANN_SOURCE) == spec.source_hash()
         and ann.get(api.ANN_CONFIG_VERSION) == str(version)
-        and ann.get(api.ANN_DATA_HASH) == current_hash(
-            secret, policy=spec.target.creation_policy)
+        and recorded == current_hash(secret, policy=spec.target.creation_policy)
     )
 
 
@@ -205,7 +210,10 @@ def desired_secret(
     existing: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
     rendered: Mapping[str, str], version: int,
 ) -> dict[str, Any]:
-    """The full Secret we want, built on top of ``existing`` so foreign metadata survives."""
+    """The full Secret we want, built on top of ``existing`` so foreign metadata survives
+    (a whole Secret: a summary has no values to keep)."""
+    if summary.is_summary(existing):
+        raise ValueError("a cached Secret summary is no base for a write")
     policy = spec.target.creation_policy
     body: dict[str, Any] = copy.deepcopy(dict(existing)) if existing else {
         "apiVersion": "v1", "kind": "Secret",

@@ -16,6 +16,12 @@ locally the same way, so a refusal is ``InvalidSpec`` naming the key, not a raw 
 A target being deleted (a ``deletionTimestamp``: its finalizers hold it) is never written,
 dry-run or deleted again: the write is refused until it is gone, then it is created.
 A refusal's message never holds a value we sent (``scrub``).
+
+The target the reconcile decided on may be the informer's summary (``sync.summary``: no
+values). A write is built on the whole Secret, read directly at that moment: one GET per
+write, none per poll that writes nothing. Should that read show another resourceVersion
+than the summary (someone wrote since, or the cache lags), nothing is written: the
+reconcile is retried on what the read showed.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from himitsu_controller import api, metrics
-from himitsu_controller.sync import scrub, targets, validity
-from himitsu_controller.sync.expectations import uid_of
+from himitsu_controller.sync import scrub, summary, targets, validity
+from himitsu_controller.sync.expectations import resource_version, uid_of
 from himitsu_controller.sync.ports import Conflict, Kube, KubeError
 
 __all__ = ["Raced", "Refused", "Written", "write"]
@@ -44,11 +50,13 @@ class Refused(Exception):
 
 class Raced(Exception):
     """Someone else wrote first (409): try again. ``creating``: a create found the name
-    taken, so the target must be read directly from now on (the cache did not show it)."""
+    taken, so the target must be read directly from now on (the cache did not show it).
+    ``seen``: the resourceVersion a direct read found instead of the summary's."""
 
-    def __init__(self, *, creating: bool) -> None:
+    def __init__(self, *, creating: bool, seen: str | None = None) -> None:
         super().__init__()
         self.creating = creating
+        self.seen = seen
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,8 @@ def write(
     a replacement, only ever the create after the delete, which the dry run vouched for).
     No value of the Secret is in any of their messages (``scrub``).
     """
+    if summary.is_summary(target):
+        target = _whole(kube, owner.namespace, spec.target.name, target)
     if target is not None and (target.get("metadata") or {}).get("deletionTimestamp"):
         raise Refused("WriteFailure", _terminating(target))
     replacing = target is not None and target.get("type", "Opaque") != spec.target.type
@@ -109,6 +119,15 @@ def write(
     except Conflict:
         raise Raced(creating=target is None or replacing) from None
     return Written(secret=written, wrote=True, data_changed=True)
+
+
+def _whole(kube: Kube, ns: str, name: str, cached: Mapping[str, Any],
+           ) -> dict[str, Any] | None:
+    """The Secret ``cached`` summarises, read directly (None: it is gone, so create it)."""
+    whole = kube.get_secret(ns, name, fresh=True)
+    if whole is not None and resource_version(whole) != resource_version(cached):
+        raise Raced(creating=False, seen=resource_version(whole))
+    return whole
 
 
 def _terminating(target: Mapping[str, Any]) -> str:
