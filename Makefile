@@ -114,8 +114,11 @@ undeploy: ## Remove what `make deploy` applied
 	$(KUBECTL) delete --ignore-not-found -k deploy/
 
 .PHONY: docker-build
-docker-build: ## Build the operator image $(IMG) (needs a Docker engine)
-	docker build -t $(IMG) .
+# PYTHON_IMAGE: the Python 3.11 base (python:3.11-slim); OFFLINE=1: build one locally with
+# mmdebstrap (no registry needed); BUILDER=buildx|docker|buildah skips the detection.
+docker-build: ## Build $(IMG) with docker BuildKit or buildah, whichever works; OFFLINE=1: no registry
+	PYTHON_IMAGE='$(PYTHON_IMAGE)' OFFLINE='$(OFFLINE)' BUILDER='$(BUILDER)' \
+	  bash hack/image/build.sh '$(IMG)'
 
 ##@ kind (needs Docker and kind on your machine)
 .PHONY: kind-up
