@@ -224,12 +224,13 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
         indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},
-        transform=summary.himitsu_secret,
+        transform=summary.himitsu_secret, shared=summary.SHARED,
     )
     # Summaries, never values: a write reads its target afresh (sync/summary.py).
     secrets = Informer(
         rest, kube.SECRETS, namespace=args.namespace, name="secrets",
         label_selector=f"{api.LABEL_MANAGED}=true", transform=summary.secret,
+        shared=summary.SHARED,
     )
     # One line per API key and URL: the poller's first attempts and the client's retries.
     pacer = pacing.Pacer()

@@ -103,7 +103,7 @@ class KubeClient:
         # The value and the Secret's allowed-api-urls annotation, read together.
         self._tokens: dict[tuple[str, str, str], tuple[float, SecretValue]] = {}
         # The apiUrls each cached value was read afresh for: any other is a fresh read.
-        self._urls: dict[tuple[str, str, str], set[str]] = {}
+        self._urls: dict[tuple[str, str, str], tuple[str, ...]] = {}  # small: a tuple
         self._readers: dict[tuple[str, str, str], _Reader] = {}
         self._lock = threading.Lock()
         self._swept: float | None = None
@@ -169,8 +169,9 @@ class KubeClient:
             found = self._read_value(namespace, name, key, reader)
             if for_url is not None:
                 with self._lock:
-                    if ident in self._tokens:  # not when a forget overtook the read
-                        self._urls.setdefault(ident, set()).add(for_url)
+                    urls = self._urls.get(ident, ())
+                    if ident in self._tokens and for_url not in urls:  # not when a forget
+                        self._urls[ident] = (*urls, for_url)  # overtook the read
             return found
 
     def _cached_value(self, ident: tuple[str, str, str], url: str | None) -> SecretValue | None:

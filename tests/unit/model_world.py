@@ -128,10 +128,10 @@ class Process:
         self.hsecs = Informer(rest, kube.HIMITSU_SECRETS, name="himitsusecrets",
                               indexers={cli.TARGET_INDEX: cli._target_index,
                                         cli.AUTH_INDEX: kube.token_refs}, clock=clock,
-                              transform=summary.himitsu_secret)
+                              transform=summary.himitsu_secret, shared=summary.SHARED)
         self.secrets = Informer(rest, kube.SECRETS, name="secrets",
                                 label_selector=SECRET_SELECTOR, clock=clock,
-                                transform=summary.secret)
+                                transform=summary.secret, shared=summary.SHARED)
         self.kube = kube.KubeClient(rest, himitsu_secrets=self.hsecs.store,
                                     secrets=self.secrets.store, clock=clock, instance="model",
                                     events=world)

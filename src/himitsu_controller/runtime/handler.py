@@ -14,6 +14,7 @@ break event delivery.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,7 +52,8 @@ def object_key(obj: Mapping[str, Any]) -> str:
     if not name:
         raise ValueError("object has no metadata.name")
     namespace = meta.get("namespace")
-    return f"{namespace}/{name}" if namespace else name
+    # Interned as the store's keys are: one string per object wherever it is queued.
+    return sys.intern(f"{namespace}/{name}") if namespace else sys.intern(name)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

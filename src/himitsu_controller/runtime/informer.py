@@ -44,7 +44,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,13 +114,14 @@ class Informer:
                  label_selector: str | None = None, field_selector: str | None = None,
                  page_size: int = 500, indexers: Mapping[str, IndexFunc] | None = None,
                  name: str | None = None, watch_read_timeout: float = 90.0,
-                 transform: Transform | None = None,
+                 transform: Transform | None = None, shared: Collection[str] = (),
                  clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
                  sleep: Callable[[threading.Event, float], object] | None = None) -> None:
         """``sleep(stop, seconds)`` is how backoffs wait (default ``stop.wait``);
         ``transform`` reduces each object before it is cached (``runtime.transform``:
-        managedFields are dropped whatever it is)."""
+        managedFields are dropped whatever it is); the cache interns every key, and the
+        values of the fields named in ``shared``."""
         self.store = Store(indexers)
         self.resource = resource
         self.namespace = namespace
@@ -129,8 +130,10 @@ class Informer:
         self._path = resource.path(namespace if resource.namespaced else None)
         self._selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
         self._pager = Pager(rest, resource, namespace=namespace, selectors=self._selectors,
-                            page_size=page_size, name=self.name, transform=transform)
+                            page_size=page_size, name=self.name, transform=transform,
+                            shared=frozenset(shared))
         self._transform = transform
+        self._shared = frozenset(shared)
         self._watch_read_timeout = watch_read_timeout
         self._clock = clock
         self._rng = rng
@@ -338,7 +341,7 @@ class Informer:
         if kind == "BOOKMARK":  # a resourceVersion, never an object to cache
             self._rv = rv or self._rv
             return
-        kept = apply(self._transform, obj, informer=self.name)
+        kept = apply(self._transform, obj, informer=self.name, shared=self._shared)
         if kept is None:
             self._rv = rv or self._rv
             return

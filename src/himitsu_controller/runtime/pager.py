@@ -23,7 +23,7 @@ read every Secret in the cluster from etcd. The rules, as client-go's reflector:
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import structlog
@@ -46,11 +46,12 @@ class Pager:
 
     def __init__(self, rest: RestClient, resource: Resource, *, namespace: str | None,
                  selectors: Mapping[str, str | None], page_size: int, name: str,
-                 transform: Transform | None = None) -> None:
+                 transform: Transform | None = None, shared: Collection[str] = ()) -> None:
         """``transform`` is applied to each item page by page (``runtime.transform``), so
         a listing never holds every object whole at once."""
         self._rest = rest
         self._transform = transform
+        self._shared = shared
         self._resource = resource
         self._namespace = namespace if resource.namespaced else None
         self._selectors = dict(selectors)
@@ -130,7 +131,7 @@ class Pager:
                 item["apiVersion"] = api_version
             if kind and "kind" not in item:
                 item["kind"] = kind
-            kept = apply(self._transform, item, informer=self._name)
+            kept = apply(self._transform, item, informer=self._name, shared=self._shared)
             if kept is not None:
                 items[object_key(kept)] = kept
 

@@ -13,6 +13,7 @@ must treat them as read-only (deep-copy before changing), as with client-go's ca
 from __future__ import annotations
 
 import builtins
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -32,7 +33,9 @@ def object_key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     name = str(metadata.get("name", ""))
     namespace = metadata.get("namespace")
-    return f"{namespace}/{name}" if namespace else name
+    # Interned: the store, the work queue and a reconciler's memories then share one
+    # string per object instead of one per event.
+    return sys.intern(f"{namespace}/{name}") if namespace else sys.intern(name)
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:

@@ -13,16 +13,24 @@ and a write that omits it keeps the stored one. A transform given to an informer
 after that. It receives the freshly decoded dict, which nobody else holds: it may change
 it in place or return a smaller one. It must keep the name, namespace and
 resourceVersion, which the store and the relist diff are keyed on.
+
+Cached objects then share their strings (``intern_strings``): every key of every dict,
+and the values of the fields an informer names (a namespace, an API URL: what repeats
+from object to object). The JSON decoder shares keys only within one document, and a
+watch decodes each event on its own, so without this every cached object carries its own
+copy of every field name, often half its size. (Interned strings are freed with their
+last user: Python 3.10 and later keep them mortal.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Collection
 from typing import Any
 
 import structlog
 
-__all__ = ["Transform", "apply", "drop_managed_fields"]
+__all__ = ["Transform", "apply", "drop_managed_fields", "intern_strings"]
 
 log = structlog.get_logger(__name__)
 
@@ -38,15 +46,37 @@ def drop_managed_fields(obj: Object) -> Object:
     return obj
 
 
-def apply(transform: Transform | None, obj: Object, *, informer: str) -> Object | None:
-    """``obj`` as the store keeps it; None when ``transform`` fails (logged): an object
-    the transform could not reduce is not kept at all rather than kept whole, since a
-    transform may exist to keep data (a Secret's values) out of memory."""
+def intern_strings(value: Any, values: Collection[str] = ()) -> Any:
+    """``value`` rebuilt with every dict key interned, and every string value of a key in
+    ``values`` (anywhere in it); lists are rebuilt, anything else is kept as it is."""
+    if isinstance(value, dict):
+        out = {}
+        for raw, item in value.items():
+            key = sys.intern(raw) if type(raw) is str else raw
+            if type(item) is str and key in values:
+                out[key] = sys.intern(item)
+            elif isinstance(item, dict | list):
+                out[key] = intern_strings(item, values)
+            else:
+                out[key] = item
+        return out
+    if isinstance(value, list):
+        return [intern_strings(item, values) if isinstance(item, dict | list) else item
+                for item in value]
+    return value
+
+
+def apply(transform: Transform | None, obj: Object, *, informer: str,
+          shared: Collection[str] = ()) -> Object | None:
+    """``obj`` as the store keeps it (its strings interned: ``shared`` names the fields
+    whose values are); None when ``transform`` fails (logged): an object the transform
+    could not reduce is not kept at all rather than kept whole, since a transform may
+    exist to keep data (a Secret's values) out of memory."""
     obj = drop_managed_fields(obj)
     if transform is None:
-        return obj
+        return intern_strings(obj, shared)  # type: ignore[no-any-return]
     try:
-        return transform(obj)
+        return intern_strings(transform(obj), shared)  # type: ignore[no-any-return]
     except Exception:
         found = obj.get("metadata")
         meta: dict[str, Any] = found if isinstance(found, dict) else {}

@@ -15,12 +15,14 @@ from typing import Any
 __all__ = ["Memory", "resource_version", "uid_of"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Memory:
     """What this process last wrote for one HimitsuSecret (client-go's "expectations").
 
     The informer caches lag behind our own writes; trusting them right after a write
     would cause a spurious full fetch (stale status) or a second write (stale target).
+    Small by design, one per HimitsuSecret: versions, times, and strings shared with the
+    cache (``reads``: the informer interns them) or among readers (``source``).
     """
 
     uid: str

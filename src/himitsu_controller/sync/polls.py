@@ -15,6 +15,10 @@ holds). So a HimitsuSecret that needs a full fetch (its target was deleted) is u
 served by a 304 plus the cached secrets, and after a restart, with nothing cached, a
 target in sync is confirmed by a 304 too: no secret material on the wire in either case.
 
+A source's secrets are held once, however many read them, and as one bytes string (the
+JSON text of the answer, ~a third of the dict it decodes to): decoded again only for a
+reader that needs them whole (a first sync, a repair, a change), never for a 304.
+
 Memory follows live objects: each caller names itself (``reader``), and a source's
 entry, secrets included, is dropped when its last reader is ``release``d (the reconciler
 does it when a HimitsuSecret is gone), never while a request for it is in flight.
@@ -33,11 +37,13 @@ in line, which the reconciler turns into a quiet requeue until then, not a failu
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from himitsu_controller import himitsu
@@ -67,7 +73,7 @@ class Blocked(LocallyRateLimited):
 class _Entry:
     at: float = 0.0
     version: int | None = None
-    secrets: Mapping[str, str] | None = field(default=None, repr=False)
+    secrets: bytes | None = field(default=None, repr=False)  # ``_pack``ed
     blocked_until: float = 0.0
     refusal: str = "rate limited by the Himitsu API"  # why blocked (the failure said the rest)
     jitter: float = 0.0  # drawn once per request; see ``SharedPoller``
@@ -152,7 +158,7 @@ class SharedPoller:
             entry = self._entries.get(source)
             if entry is None or entry.secrets is None or entry.version is None:
                 return None
-            return himitsu.Fetched(version=entry.version, secrets=entry.secrets,
+            return himitsu.Fetched(version=entry.version, secrets=_unpack(entry.secrets),
                                    age=max(0.0, self._clock() - entry.at), jitter=entry.jitter)
 
     def release(self, reader: str) -> None:
@@ -240,7 +246,7 @@ class SharedPoller:
             entry.jitter = self._rng()
             entry.blocked_until = 0.0
             if isinstance(result, himitsu.Fetched):
-                entry.version, entry.secrets = result.version, result.secrets
+                entry.version, entry.secrets = result.version, _pack(result.secrets)
             elif result.version != entry.version:
                 entry.version, entry.secrets = result.version, None
             answer = _answer(entry, known, max(0.0, self._clock() - sent))
@@ -265,6 +271,17 @@ def _answer(entry: _Entry, known: int | None, age: float) -> himitsu.FetchResult
     if known is not None and known == entry.version:
         return himitsu.NotModified(version=entry.version, age=age, jitter=entry.jitter)
     if entry.secrets is not None:
-        return himitsu.Fetched(version=entry.version, secrets=entry.secrets, age=age,
+        return himitsu.Fetched(version=entry.version, secrets=_unpack(entry.secrets), age=age,
                                jitter=entry.jitter)
     return None
+
+
+def _pack(secrets: Mapping[str, str]) -> bytes:
+    """The secrets as compact JSON (ASCII escapes: a lone surrogate Himitsu sent round-trips,
+    for render to refuse by name)."""
+    return json.dumps(dict(secrets), ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _unpack(packed: bytes) -> Mapping[str, str]:
+    secrets: dict[str, str] = json.loads(packed)
+    return MappingProxyType(secrets)

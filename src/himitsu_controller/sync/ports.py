@@ -36,7 +36,7 @@ class SecretNotFound(Exception):
     """The Secret named by authSecretRef does not exist."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SecretValue:
     """One key of a Secret (None: no such key), with the Secret's
     ``himitsu.io/allowed-api-urls`` annotation (None: absent), so a token comes with

@@ -13,6 +13,7 @@ there. And no failure ever empties or shrinks a target: every failure path raise
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -130,8 +131,9 @@ class HimitsuSecretReconciler:
         began = self._now().timestamp()
         self._follow_spec(ctx, spec, mem, api_url)
         token = self._token(ctx.owner.namespace, spec, api_url)
-        source = himitsu.source_fingerprint(api_url, spec.project_id, spec.environment_id,
-                                            token)
+        # One string for every reader of a source, not one per HimitsuSecret's memory.
+        source = sys.intern(himitsu.source_fingerprint(
+            api_url, spec.project_id, spec.environment_id, token))
         target = self._read_target(ctx, spec, mem)
         try:
             targets.check_ownership(
@@ -203,7 +205,9 @@ class HimitsuSecretReconciler:
                  spec.auth_secret_key)
         if mem.reads != reads:
             self._fetcher.release(ctx.key)
-            mem.reads, mem.source, mem.revalidate = reads, None, None
+            # Interned: parsing makes new strings, which memory would keep per object.
+            mem.reads = tuple(sys.intern(part) for part in reads)
+            mem.source, mem.revalidate = None, None
 
     @staticmethod
     def _known_version(ctx: wakes.Context, *, intact: bool) -> int | None:

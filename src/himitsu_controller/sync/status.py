@@ -7,11 +7,13 @@ transition rather than one per poll, and a status that would not change is not w
 The writer also remembers the status it last patched for each object. The informer's
 copy of a HimitsuSecret lags behind our own patch; reading the stale copy would make the
 next reconcile think the target disagrees with status and force a needless full fetch.
+It is kept as one flat tuple per object (``_pack``: the uid, the six status fields and
+the Ready condition's five), not as a copy of the status dict: a status with anything
+else in it (a field or condition another writer added) is kept as it is.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -32,7 +34,7 @@ class StatusWriter:
     def __init__(self, kube: Kube, *, now: Callable[[], datetime]) -> None:
         self._kube = kube
         self._now = now
-        self._written: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._written: dict[str, _Packed] = {}
         self._lock = threading.Lock()
 
     def effective(self, key: str, obj: Mapping[str, Any]) -> api.Status:
@@ -118,13 +120,14 @@ class StatusWriter:
     # -- helpers ------------------------------------------------------------------------
 
     def _current(self, key: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """A fresh dict (the caller's to change): what we last wrote, else the object's."""
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         with self._lock:
             remembered = self._written.get(key)
         if remembered is not None and remembered[0] == uid:
-            return copy.deepcopy(remembered[1])
+            return _unpack(remembered)
         raw = obj.get("status")
-        return copy.deepcopy(dict(raw)) if isinstance(raw, Mapping) else {}
+        return _copy_status(raw) if isinstance(raw, Mapping) else {}
 
     def _ready(
         self, state: str, reason: str, message: str, previous: Mapping[str, Any], generation: int,
@@ -144,7 +147,7 @@ class StatusWriter:
         self._kube.patch_status(namespace, name, status)
         stored = {k: v for k, v in status.items() if v is not None}
         with self._lock:
-            self._written[key] = (str(meta.get("uid", "")), stored)
+            self._written[key] = _pack(str(meta.get("uid", "")), stored)
         metrics.set_ready(namespace, name, _ready_status(stored) == "True")
 
     def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
@@ -155,6 +158,48 @@ class StatusWriter:
 
     def _timestamp(self, at: datetime | None = None) -> str:
         return (at or self._now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# The status fields and Ready condition fields a packed status holds, in tuple order.
+_FIELDS = ("configVersion", "secretCount", "lastSyncTime", "observedGeneration",
+           "lastForceSync")
+_READY = ("type", "status", "reason", "message", "lastTransitionTime", "observedGeneration")
+_Packed = tuple[Any, ...]  # (uid, *_FIELDS, *_READY[1:]) or (uid, the status dict)
+
+
+def _pack(uid: str, status: dict[str, Any]) -> _Packed:
+    """``status`` (fields absent as None) as one flat tuple when it holds only our fields
+    and one Ready condition (what every write of ours leaves), else ``(uid, status)``."""
+    conditions = status.get("conditions")
+    known = set(status) <= {*_FIELDS, "conditions"}
+    if known and isinstance(conditions, list) and len(conditions) == 1:
+        ready = conditions[0]
+        if (isinstance(ready, dict) and ready.get("type") == "Ready"
+                and set(ready) <= set(_READY)):
+            return (uid, *(status.get(k) for k in _FIELDS),
+                    *(ready.get(k) for k in _READY[1:]))
+    return (uid, _copy_status(status))
+
+
+def _unpack(packed: _Packed) -> dict[str, Any]:
+    if len(packed) == 2:
+        return _copy_status(packed[1])
+    fields = packed[1:1 + len(_FIELDS)]
+    status = {k: v for k, v in zip(_FIELDS, fields, strict=True) if v is not None}
+    ready = {"type": "Ready", **{k: v for k, v in zip(
+        _READY[1:], packed[1 + len(_FIELDS):], strict=True) if v is not None}}
+    status["conditions"] = [ready]
+    return status
+
+
+def _copy_status(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a status as deep as JSON makes it (scalars, the conditions' dicts)
+    without ``copy.deepcopy``'s cost on every poll."""
+    status = dict(raw)
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        status["conditions"] = [dict(c) if isinstance(c, Mapping) else c for c in conditions]
+    return status
 
 
 def _holds(target: str, secret_count: int, version: int) -> str:

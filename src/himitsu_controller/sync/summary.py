@@ -13,7 +13,8 @@ reads, the type, and instead of ``data`` its sorted keys and two digests
 and whole Secrets alike; a summary is never the base of a write.
 
 The HimitsuSecret informer keeps whole objects but the last-applied annotation (the
-runtime drops managedFields of every informer).
+runtime drops managedFields of every informer). Both share the strings that repeat from
+object to object (``SHARED``: the runtime interns those fields' values, and every key).
 """
 
 from __future__ import annotations
@@ -25,11 +26,20 @@ from typing import Any, TypeGuard
 from himitsu_controller import api
 from himitsu_controller.sync.render import data_hash
 
-__all__ = ["DIGEST", "hash_over", "himitsu_secret", "is_summary", "keys_of", "secret"]
+__all__ = ["DIGEST", "SHARED", "hash_over", "himitsu_secret", "is_summary", "keys_of", "secret"]
 
 # The field a summary holds instead of ``data`` (no Kubernetes object has it).
 DIGEST = "himitsu.io/data-digest"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Fields whose values many cached objects hold alike: a source's fields, our stamps, the
+# Ready condition's words, the digests of data that many targets hold.
+SHARED = frozenset({
+    "apiVersion", "kind", "namespace", "type", "apiUrl", "projectId", "environmentId",
+    "refreshInterval", "creationPolicy", "format", "key", "status", "reason",
+    "lastSyncTime", "lastTransitionTime", "all", "managed", api.LABEL_MANAGED,
+    api.LABEL_MANAGED_BY, api.ANN_PROJECT_ID, api.ANN_ENVIRONMENT_ID, api.ANN_CONFIG_VERSION,
+    api.ANN_SOURCE, api.ANN_DATA_HASH, api.ANN_MANAGED_KEYS,
+})
 _SECRET_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
                     "ownerReferences", "deletionTimestamp")
 
