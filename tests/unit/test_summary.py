@@ -194,3 +194,18 @@ def _dump(obj: Any, *, skip: tuple[Any, ...], depth: int = 0) -> str:
     if hasattr(obj, "__dict__"):
         return type(obj).__name__ + _dump(vars(obj), skip=skip, depth=depth + 1)
     return repr(obj)
+
+
+def test_a_cached_himitsu_secret_keeps_what_the_reconcile_reads() -> None:
+    obj = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+           "metadata": {"name": "h", "namespace": NS, "uid": "u", "resourceVersion": "3",
+                        "generation": 2, "creationTimestamp": "2024-01-01T00:00:00Z",
+                        "labels": {"team": "a"}, "finalizers": ["f"],
+                        "annotations": {summary.LAST_APPLIED: f'{{"spec": "{CANARY}"}}',
+                                        api.ANN_FORCE_SYNC: "1"}},
+           "spec": {"apiUrl": "https://h"}, "status": {"configVersion": 4}}
+    kept = summary.himitsu_secret(json.loads(json.dumps(obj)))
+    assert kept["metadata"] == {"name": "h", "namespace": NS, "uid": "u",
+                                "resourceVersion": "3", "generation": 2,
+                                "annotations": {api.ANN_FORCE_SYNC: "1"}}
+    assert (kept["spec"], kept["status"]) == (obj["spec"], obj["status"])

@@ -12,7 +12,8 @@ reads, the type, and instead of ``data`` its sorted keys and two digests
 ``himitsu.io/managed-keys`` names (a Merge target's part). ``targets`` reads summaries
 and whole Secrets alike; a summary is never the base of a write.
 
-The HimitsuSecret informer keeps whole objects but the last-applied annotation (the
+The HimitsuSecret informer keeps its spec and status whole and of its metadata what the
+reconcile reads (no labels, no creationTimestamp, no last-applied annotation; the
 runtime drops managedFields of every informer). Both share the strings that repeat from
 object to object (``SHARED``: the runtime interns those fields' values, and every key).
 """
@@ -40,6 +41,8 @@ SHARED = frozenset({
     api.LABEL_MANAGED_BY, api.ANN_PROJECT_ID, api.ANN_ENVIRONMENT_ID, api.ANN_CONFIG_VERSION,
     api.ANN_SOURCE, api.ANN_DATA_HASH, api.ANN_MANAGED_KEYS,
 })
+_HSEC_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation",
+                  "annotations", "deletionTimestamp")
 _SECRET_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations",
                     "ownerReferences", "deletionTimestamp")
 
@@ -61,7 +64,8 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Secret"),
         "metadata": kept, "type": obj.get("type", "Opaque"),
-        DIGEST: {"keys": [sys.intern(str(k)) for k in sorted(data)], "all": digest_all,
+        # One string (data keys hold no ","), shared by every target with the same keys.
+        DIGEST: {"keys": sys.intern(",".join(sorted(str(k) for k in data))), "all": digest_all,
                  # one string when both are the same (an Owner target: no managed keys)
                  "managed": digest_all if digest_ours == digest_all else digest_ours},
     }
@@ -72,9 +76,11 @@ def himitsu_secret(obj: dict[str, Any]) -> dict[str, Any]:
     """A HimitsuSecret as its informer keeps it (in place: the decoded dict is ours)."""
     meta = obj.get("metadata")
     if isinstance(meta, dict):
+        kept = {k: meta[k] for k in _HSEC_METADATA if k in meta}
         annotations = _without_last_applied(meta.get("annotations"))
         if annotations is not None:
-            meta["annotations"] = annotations
+            kept["annotations"] = annotations
+        obj["metadata"] = kept
     return obj
 
 
@@ -85,7 +91,8 @@ def is_summary(obj: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
 def keys_of(obj: Mapping[str, Any]) -> list[str]:
     """The sorted data keys of a Secret or of its summary."""
     if is_summary(obj):
-        return list(obj[DIGEST]["keys"])
+        joined = str(obj[DIGEST]["keys"])
+        return joined.split(",") if joined else []
     return sorted((obj.get("data") or {}).keys())
 
 
@@ -97,7 +104,7 @@ def hash_over(obj: Mapping[str, Any], keys: Sequence[str]) -> str | None:
         return data_hash({k: data[k] for k in keys if k in data})
     digest = obj[DIGEST]
     wanted = sorted(keys)
-    if wanted == list(digest["keys"]):
+    if wanted == keys_of(obj):
         return str(digest["all"])
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     recorded = sorted({k for k in str(annotations.get(api.ANN_MANAGED_KEYS, "")).split(",")
