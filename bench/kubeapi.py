@@ -96,6 +96,12 @@ class AdminApi:
             raise KubeError(method, path, response.status_code, response.text)
         return response.json() if response.content else None
 
+    def get_text(self, path: str) -> str:
+        response = self.session().get(self.server + path, timeout=60)
+        if response.status_code != 200:
+            raise KubeError("GET", path, response.status_code, response.text[:200])
+        return response.text
+
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params or None)
 

@@ -86,6 +86,7 @@ def window(rig: Rig, a: Snapshot, b: Snapshot, *, cpu: bool = True) -> WindowFig
     """Figures between two snapshots of the same operator process."""
     time.sleep(max(0.0, AUDIT_SETTLE - (time.time() - b.wall)))
     assert rig.audit is not None
+    rig.check_audit()  # AuditGap rather than a figure counted from a log with holes
     kube = rig.audit.window(a.wall, b.wall)
     records = himitsu_records(rig, a.wall, b.wall)
     syncs = "himitsu_syncs_total"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import figures
+from .auditlog import AuditGap, AuditLog, check_complete
 from .kubeapi import AdminApi, KubeError, b64, hsec_path, secret_path
 from .procs import REPO, Operator, Standin, wait_until
 
@@ -106,42 +107,13 @@ def layout(tag: str, size: int, *, envs: Sequence[int], namespaces: int,
     return names, members
 
 
-class AuditLog:
-    """The operator's requests from the audit log, read incrementally.
-
-    Lines are pre-filtered on the operator's username before JSON decoding: the log also
-    holds every request of the benchmark itself, which would cost time to parse.
-    """
-
-    def __init__(self, path: Path, *, username: str) -> None:
-        self.path = path
-        self.username = username
-        self._offset = 0
-        self._needle = f'"username":"{username}"'
-        self.events: list[figures.AuditEvent] = []
-
-    def refresh(self) -> list[figures.AuditEvent]:
-        with open(self.path, "rb") as fh:
-            fh.seek(self._offset)
-            chunk = fh.read()
-        end = chunk.rfind(b"\n") + 1  # only whole lines; a partial one is read next time
-        self._offset += end
-        lines = [line for line in chunk[:end].decode("utf-8", "replace").splitlines()
-                 if self._needle in line]
-        self.events.extend(figures.parse_audit_lines(lines))
-        return self.events
-
-    def window(self, since: float, until: float) -> list[figures.AuditEvent]:
-        return figures.select(self.refresh(), username=self.username, since=since,
-                              until=until)
-
-
 class Rig:
     """Everything a scenario needs; ``close()`` stops every process it started."""
 
     def __init__(self, workdir: Path, *, operator_args: Sequence[str] = (),
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, audit_log_maxsize: int = 0) -> None:
         self.workdir = workdir
+        self.audit_log_maxsize = audit_log_maxsize
         self.operator_args = list(operator_args)
         self.log = log
         self.cluster: Any = None
@@ -156,7 +128,10 @@ class Rig:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, *, environments: int = 20) -> None:
         started = time.monotonic()
-        self.cluster = LocalCluster(self.workdir / "cluster", bin_dir=BIN_DIR, audit=True)
+        extra = [f"--audit-log-maxsize={self.audit_log_maxsize}"] \
+            if self.audit_log_maxsize else []
+        self.cluster = LocalCluster(self.workdir / "cluster", bin_dir=BIN_DIR, audit=True,
+                                    extra_apiserver_args=extra)
         self.cluster.start()
         self.api = AdminApi(self.cluster.server_url, token=self.cluster.admin_token,
                             ca_path=str(self.cluster.ca_path))
@@ -167,6 +142,26 @@ class Rig:
             self.envs.append(self.new_env(index))
         self.log(f"rig ready in {time.monotonic() - started:.0f} s "
                  f"(apiserver {self.cluster.server_url}, stand-in {self.standin.url})")
+
+    def check_audit(self) -> None:
+        """Raise AuditGap when the audit log may have lost requests (of anyone): the
+        apiserver's own count of audit events, scraped first, against the lines read
+        after it."""
+        assert self.audit is not None
+        text = self.kube.get_text("/metrics")
+        samples = figures.parse_prometheus("\n".join(
+            line for line in text.splitlines() if line.startswith("apiserver_audit_")))
+        logged = figures.metric_sum(samples, "apiserver_audit_event_total")
+        errors = figures.metric_sum(samples, "apiserver_audit_error_total")
+        if ("apiserver_audit_event_total", frozenset()) not in samples:
+            raise AuditGap("the apiserver's /metrics has no apiserver_audit_event_total: "
+                           "cannot prove the audit log complete")
+        for _ in range(3):  # an event is counted just before it is written: let it land
+            self.audit.refresh()
+            if self.audit.lines >= logged:
+                break
+            time.sleep(1.0)
+        check_complete(self.audit, logged=logged, errors=errors)
 
     def close(self) -> None:
         """Stop the operator, the stand-in and the control plane, each by PID; idempotent."""
@@ -232,13 +227,14 @@ class Rig:
         return self.operator
 
     # -- the operator ---------------------------------------------------------------------
-    def start_operator(self) -> Operator:
+    def start_operator(self, *, src: Path | None = None) -> Operator:
+        """A fresh operator process, its code from ``src`` (default: this tree's)."""
         if self.operator is not None:
             raise RuntimeError("an operator is already running")
         self._operators_started += 1
         self.operator = Operator(self.workdir, kubeconfig=self.operator_kubeconfig,
                                  extra_args=self.operator_args,
-                                 index=self._operators_started)
+                                 index=self._operators_started, src=src)
         try:
             self.operator.wait_ready()
         except BaseException:
@@ -289,11 +285,12 @@ class Rig:
             m.target, {FOREIGN_KEY: "kept-by-someone-else"}), exist_ok=True), merge)
         return fleet
 
-    def create_hsecs(self, fleet: Fleet) -> float:
-        """Create every HimitsuSecret of the fleet as fast as the apiserver takes them."""
+    def create_hsecs(self, fleet: Fleet, members: Sequence[Member] | None = None) -> float:
+        """Create every HimitsuSecret of the fleet (or just ``members``) as fast as the
+        apiserver takes them; seconds taken."""
         started = time.monotonic()
         self.parallel(lambda m: self.kube.create(hsec_path(m.namespace), self.hsec_body(
-            fleet, m)), fleet.members)
+            fleet, m)), fleet.members if members is None else members)
         fleet.created_seconds = time.monotonic() - started
         return fleet.created_seconds
 
@@ -349,4 +346,4 @@ def secret_body(name: str, data: dict[str, str]) -> dict[str, Any]:
             "data": {k: b64(v) for k, v in data.items()}}
 
 
-__all__ = ["OPERATOR_USER", "AuditLog", "Env", "Fleet", "KubeError", "Member", "Rig"]
+__all__ = ["OPERATOR_USER", "AuditGap", "AuditLog", "Env", "Fleet", "KubeError", "Member", "Rig"]
