@@ -135,8 +135,12 @@ e2e-kind: venv ## Build the image, load it into kind, deploy, run the same e2e s
 
 ##@ Benchmarks
 .PHONY: bench
-bench: venv kube-build ## Steady-state cost, poll sharing, cold sync, drift repair (prints a table, writes bench/results/)
+bench: venv kube-build ## Steady-state cost, poll sharing, cold sync, drift repair, memory at 1,000/5,000 (~30 min; a table, bench/results/)
 	$(PY) bench/run.py
+
+.PHONY: bench-memory
+bench-memory: venv kube-build ## Memory alone: RSS after a cold sync of 1,000/5,000/10,000 (~20 min); BENCH_BASELINE_SRC=<tree>/src adds a baseline
+	$(PY) bench/run.py --scenarios memory --memory-sizes 1000,5000,10000
 
 .PHONY: clean
 clean: ## Remove build and test leftovers (not the Go caches)

@@ -6,12 +6,14 @@ than build it again. Order: cold sync (largest size first, a fresh operator for 
 run) -> the fleet switches to the steady refreshInterval -> steady state -> the shared
 environment, with drift repair and change propagation measured inside its window (they
 touch other namespaces and environments) -> restart, since it replaces the process ->
-churn (fleets of its own, created and deleted).
+churn (fleets of its own, created and deleted) -> memory (last: the other fleets are
+deleted first, and its largest fleet is left to the teardown).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -26,12 +28,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from . import figures, report, scenarios
+from . import figures, memory, report, scenarios
+from .auditlog import AuditGap
 from .measure import ReadyTracker
 from .procs import REPO, Profiler, py_spy_path
 from .rig import Fleet, Rig
 
-ALL = ("cold", "steady", "shared", "drift", "change", "restart", "churn")
+ALL = ("cold", "steady", "shared", "drift", "change", "restart", "churn", "memory")
 RESULTS = REPO / "bench" / "results"
 
 
@@ -86,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--churn-n", type=int, default=1000,
                    help="HimitsuSecrets created and deleted per churn round")
     p.add_argument("--churn-rounds", type=int, default=10)
+    p.add_argument("--memory-sizes", type=_sizes, default=[1000, 5000],
+                   help="memory scenario sizes (1,000: ~25 s a run; 5,000: ~2 min to create "
+                        "+ ~90 s a run; 10,000: ~3 min to create + ~3 min a run)")
+    p.add_argument("--memory-repeat", type=int, default=3,
+                   help="memory runs per tree at sizes up to --n (larger sizes run once)")
+    p.add_argument("--baseline-src", type=Path,
+                   default=Path(os.environ["BENCH_BASELINE_SRC"])
+                   if os.environ.get("BENCH_BASELINE_SRC") else None,
+                   help="another tree's src/ (env BENCH_BASELINE_SRC): the steady and memory "
+                        "scenarios run its operator too and print both and the ratio")
+    p.add_argument("--audit-log-maxsize", type=int, default=0, metavar="MB",
+                   help="rotate the apiserver's audit log at this size (0: its default, "
+                        "100 MB); the reader follows rotations, a small size tests that")
     p.add_argument("--quick", action="store_true",
                    help="small smoke run (100 objects, short windows; a couple of minutes)")
     p.add_argument("--operator-arg", action="append", default=[], metavar="ARG",
@@ -110,6 +126,7 @@ def apply_quick(args: argparse.Namespace) -> None:
     args.drift_count, args.changes = 20, 2
     args.restart_baseline, args.restart_window = 15.0, 30.0
     args.churn_n, args.churn_rounds = min(args.churn_n, 100), 3
+    args.memory_sizes, args.memory_repeat = [100, 300], 1
 
 
 @dataclass
@@ -173,23 +190,41 @@ def ensure_fleet(run: Run) -> Fleet:
     return run.fleet
 
 
+def run_steady(run: Run, fleet: Fleet) -> None:
+    """Steady state; with --baseline-src the baseline tree's operator then runs the same
+    windows (a fresh process, the same fleet) and the ratios are added."""
+    args, rig = run.args, run.rig
+    rig.log(f"steady state: {args.duration:.0f} s after {args.warmup:.0f} s warm-up")
+    profiler = _profiler(run, "steady")
+    result = scenarios.steady(rig, fleet, duration=args.duration, windows=args.windows,
+                              warmup=args.warmup)
+    if profiler is not None:
+        result[1]["profile"] = _finish_profile(profiler)
+    run.add("steady", result)
+    if args.baseline_src is None:
+        return
+    rig.log(f"steady state, baseline {args.baseline_src}: a fresh operator, same windows")
+    rig.stop_operator()
+    rig.start_operator(src=args.baseline_src.resolve())
+    rows, data = scenarios.steady(rig, fleet, duration=args.duration, windows=args.windows,
+                                  warmup=args.warmup, suffix=", baseline")
+    rig.restart_operator()  # this tree's again, for what follows
+    rows += scenarios.ratio_rows(result[0], rows, limits={
+        "operator CPU per poll": 1.10, "kube-apiserver requests per poll": 1.0})
+    run.add("steady_baseline", (rows, data))
+
+
 def run_all(run: Run) -> None:
     args, rig = run.args, run.rig
     if run.wants("cold"):
         run_cold(run)
-    if rig.operator is None:
+    if rig.operator is None and set(args.scenarios) - {"memory"}:
         rig.start_operator()
     if _needs_fleet(args):
         ensure_fleet(run)
     assert run.fleet is not None or not _needs_fleet(args)
     if run.wants("steady") and run.fleet is not None:
-        rig.log(f"steady state: {args.duration:.0f} s after {args.warmup:.0f} s warm-up")
-        profiler = _profiler(run, "steady")
-        result = scenarios.steady(rig, run.fleet, duration=args.duration,
-                                  windows=args.windows, warmup=args.warmup)
-        if profiler is not None:
-            result[1]["profile"] = _finish_profile(profiler)
-        run.add("steady", result)
+        run_steady(run, run.fleet)
     shared_since = 0.0
     shared: tuple[Fleet, str] | None = None
     if run.wants("shared"):
@@ -214,6 +249,16 @@ def run_all(run: Run) -> None:
     if run.wants("churn"):
         rig.log(f"churn: {args.churn_rounds} rounds of {args.churn_n} created and deleted")
         run.add("churn", scenarios.churn(rig, size=args.churn_n, rounds=args.churn_rounds))
+    if run.wants("memory"):
+        for leftover in [f for f in (run.fleet, shared[0] if shared else None) if f]:
+            rig.log(f"  {leftover.tag} deleted in {rig.delete_fleet(leftover):.0f} s")
+        run.fleet = None
+        rig.log(f"memory: cold sync of {','.join(map(str, args.memory_sizes))} "
+                f"HimitsuSecrets" + (f", baseline {args.baseline_src}"
+                                     if args.baseline_src else ""))
+        run.add("memory", memory.memory(rig, sizes=args.memory_sizes,
+                                        repeat=args.memory_repeat, repeat_upto=args.n,
+                                        tree_list=memory.trees(args.baseline_src)))
 
 
 def _profiler(run: Run, name: str) -> Profiler | None:
@@ -249,18 +294,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="himitsu-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
-    rig = Rig(workdir, operator_args=args.operator_arg,
+    rig = Rig(workdir, operator_args=args.operator_arg, audit_log_maxsize=args.audit_log_maxsize,
               log=lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True))
     run = Run(args, rig)
+    memory.trees(args.baseline_src)  # a wrong --baseline-src fails now, not after an hour
     clean = False
+    failure = ""
     try:
         rig.log(f"workdir {workdir}; scenarios {','.join(args.scenarios)}")
         rig.start()
         run_all(run)
+        rig.check_audit()
         clean = True
     except KeyboardInterrupt:
         rig.log("interrupted: stopping every process we started")
+    except AuditGap as exc:
+        failure = str(exc)
+        rig.log(f"BENCH FAILED: {failure}")
     finally:
+        with contextlib.suppress(Exception):
+            if rig.audit is not None:
+                rig.audit.close()
         rig.close()
     elapsed = (datetime.now(UTC) - started).total_seconds()
     if run.rows:
@@ -268,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta = {"started": started.isoformat(), "seconds": elapsed, "argv": sys.argv,
                 "settings": {k: (str(v) if isinstance(v, Path) else v)
                              for k, v in vars(args).items()},
-                "cpus": os.cpu_count(), "complete": clean}
+                "cpus": os.cpu_count(), "complete": clean, "failure": failure or None,
+                "audit_rotations": rig.audit.rotations if rig.audit else None}
         stamp = started.strftime("%Y%m%dT%H%M%SZ")
         path = report.write_json(args.results_dir / f"bench-{stamp}.json",
                                  report.document(run.rows, meta=meta, scenarios=run.raw))
@@ -278,4 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     elif not clean:
         print(f"logs kept in {workdir}", file=sys.stderr)
+    if failure:
+        print(f"BENCH FAILED: {failure}", file=sys.stderr)
+        return 2
     return 0 if clean else 1

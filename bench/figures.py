@@ -42,6 +42,18 @@ def per_unit(count: float, units: float) -> float | None:
     return count / units if units > 0 else None
 
 
+def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares (slope, intercept) of y on x; None unless two distinct x."""
+    xs = [x for x, _ in points]
+    if len(set(xs)) < 2:
+        return None
+    mx = sum(xs) / len(xs)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return slope, my - slope * mx
+
+
 def bucket_counts(times: Iterable[float], *, start: float, width: float,
                   buckets: int) -> list[int]:
     """How many of ``times`` fall in each of ``buckets`` windows of ``width`` from ``start``."""

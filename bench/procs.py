@@ -151,10 +151,13 @@ class Standin:
 
 
 class Operator:
-    """``python -m himitsu_controller`` as its own ServiceAccount, metrics on loopback."""
+    """``python -m himitsu_controller`` as its own ServiceAccount, metrics on loopback.
+
+    The operator's code comes from ``src`` (this tree's ``src/`` unless another tree's is
+    given, for a baseline measured in the same run)."""
 
     def __init__(self, workdir: Path, *, kubeconfig: Path, extra_args: Sequence[str] = (),
-                 index: int = 0) -> None:
+                 index: int = 0, src: Path | None = None) -> None:
         self.metrics_port, self.probe_port = free_port(), free_port()
         argv = [sys.executable, "-m", "himitsu_controller", "--kubeconfig", str(kubeconfig),
                 "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
@@ -164,6 +167,8 @@ class Operator:
                 "--allow-insecure-http", *extra_args]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
+        self.src = src or REPO / "src"
+        env["PYTHONPATH"] = str(self.src)
         self.argv = argv
         self.child = Child(f"operator-{index}", argv, workdir / f"operator-{index}.log",
                            env=env)

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import figures, report  # noqa: E402
+from bench import figures, memory, report  # noqa: E402
 from bench.report import Row, Target  # noqa: E402
 
 OPERATOR = "system:serviceaccount:himitsu-system:himitsu-operator"
@@ -253,3 +253,48 @@ def test_the_json_document_keeps_rows_verdicts_and_raw_results(tmp_path: Path) -
     assert doc["rows"][0]["target"] == "<= 2" and doc["rows"][1]["verdict"] == "MISS"
     path = report.write_json(tmp_path / "results" / "bench.json", doc)
     assert json.loads(path.read_text())["scenarios"] == {"a": {"raw": [1, 2]}}
+
+
+# -- the memory scenario's figures ---------------------------------------------------------
+
+
+def test_the_slope_is_a_least_squares_line() -> None:
+    fit = figures.linear_fit([(1000, 86.0), (5000, 211.0), (1000, 88.0), (3000, 149.0)])
+    assert fit is not None
+    slope, intercept = fit
+    assert slope * 1000 == pytest.approx(31.0) and intercept == pytest.approx(56.0)
+    assert figures.linear_fit([(1000, 86.0), (1000, 87.0)]) is None
+
+
+def _memory_data(rss: dict[str, dict[int, list[float]]]) -> dict[str, Any]:
+    return {"trees": {label: f"/src/{label}" for label in rss},
+            "imports": {label: {"rss": 50.0, "runs": [50.0]} for label in rss},
+            "runs": {label: {size: [{"rss": v, "peak_rss": v + 5, "synced_seconds": 10.0,
+                                     "kube_per_object": 3.0} for v in values]
+                             for size, values in sizes.items()}
+                     for label, sizes in rss.items()},
+            "growth": {}, "control_plane_mib": {1000: {"etcd": 60.0}}}
+
+
+def test_memory_rows_hold_the_issue_targets_and_medians() -> None:
+    rows = memory.memory_rows(_memory_data({"this tree": {1000: [61.0, 58.0, 59.0],
+                                                   5000: [120.0], 10000: [150.0]}}))
+    rss = {r.scenario: r for r in rows if r.figure == "RSS after a cold sync"}
+    assert (rss["memory 1000"].value, rss["memory 1000"].verdict) == (59.0, "PASS")
+    assert (rss["memory 5000"].verdict, rss["memory 10000"].verdict) == ("MISS", "PASS")
+    assert [str(rss[f"memory {n}"].target) for n in (1000, 5000, 10000)] == \
+        ["<= 60", "<= 100", "<= 160"]
+    slope = next(r for r in rows if r.scenario == "memory slope")
+    assert slope.value is not None and slope.value > 0
+    assert not any("baseline" in r.figure for r in rows)
+
+
+def test_memory_rows_with_a_baseline_give_both_and_the_ratio() -> None:
+    rows = memory.memory_rows(_memory_data({"baseline": {1000: [86.0]},
+                                            "this tree": {1000: [43.0]}}))
+    by_figure = {r.figure: r for r in rows if r.scenario == "memory 1000"}
+    assert by_figure["RSS after a cold sync"].value == 43.0
+    assert by_figure["RSS after a cold sync, baseline"].value == 86.0
+    assert by_figure["RSS ratio (this tree / baseline)"].value == pytest.approx(0.5)
+    imports = [r.figure for r in rows if r.scenario == "memory imports"]
+    assert imports == ["RSS of the imports alone", "RSS of the imports alone, baseline"]
