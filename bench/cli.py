@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -250,6 +251,7 @@ def run_all(run: Run) -> None:
         rig.log(f"churn: {args.churn_rounds} rounds of {args.churn_n} created and deleted")
         run.add("churn", scenarios.churn(rig, size=args.churn_n, rounds=args.churn_rounds))
     if run.wants("memory"):
+        rig.stop_operator()  # it would fight the namespace controller over the targets
         for leftover in [f for f in (run.fleet, shared[0] if shared else None) if f]:
             rig.log(f"  {leftover.tag} deleted in {rig.delete_fleet(leftover):.0f} s")
         run.fleet = None
@@ -311,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AuditGap as exc:
         failure = str(exc)
         rig.log(f"BENCH FAILED: {failure}")
+    except Exception as exc:  # keep the rows so far: a late scenario's timeout loses none
+        traceback.print_exc()
+        rig.log(f"bench stopped: {type(exc).__name__}: {exc}")
     finally:
         with contextlib.suppress(Exception):
             if rig.audit is not None:

@@ -270,7 +270,7 @@ def _memory_data(rss: dict[str, dict[int, list[float]]]) -> dict[str, Any]:
     return {"trees": {label: f"/src/{label}" for label in rss},
             "imports": {label: {"rss": 50.0, "runs": [50.0]} for label in rss},
             "runs": {label: {size: [{"rss": v, "peak_rss": v + 5, "synced_seconds": 10.0,
-                                     "kube_per_object": 3.0} for v in values]
+                                     "idle_seconds": 12.0, "kube_per_object": 3.0} for v in values]
                              for size, values in sizes.items()}
                      for label, sizes in rss.items()},
             "growth": {}, "control_plane_mib": {1000: {"etcd": 60.0}}}
