@@ -112,7 +112,13 @@ def steady(rig: Rig, fleet: Fleet, *, duration: float, windows: int, warmup: flo
     """Per-poll costs over consecutive windows; the median window is reported. ``suffix``
     names the operator's tree in the scenario column (a baseline's)."""
     interval = duration_seconds(fleet.refresh)
+    n = len(fleet.members)
+    began = rig.op.metrics()
     time.sleep(warmup)
+    # And one whole round polled: a fresh (or saturated) operator's first polls of each
+    # object cost more (reads, Events) and are not steady state.
+    wait_for(lambda: figures.metric_delta(began, rig.op.metrics(), "himitsu_syncs_total")
+             >= n, timeout=max(120.0, 10 * interval), interval=2.0)
     shots = [snapshot(rig)]
     for _ in range(windows):
         time.sleep(duration / windows)
@@ -125,7 +131,6 @@ def steady(rig: Rig, fleet: Fleet, *, duration: float, windows: int, warmup: flo
         values = [p[key] for p in per if p.get(key) is not None]
         return figures.median([float(v) for v in values if v is not None]) if values else None
 
-    n = len(fleet.members)
     achieved = figures.median([w.polls / w.seconds for w in wins])
     verbs = sorted({k for p in per for k in p if k.startswith("kube[")})
     label = f"steady {n} @{fleet.refresh}{suffix}"
