@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from typing import Any
 
 import pytest
@@ -78,3 +80,27 @@ def test_metrics_expose_controller_runtime_and_himitsu_series(
 def test_health_and_readiness_probes_answer_200(default_operator: Any) -> None:
     assert default_operator.probe("/healthz") == 200
     assert default_operator.probe("/readyz") == 200
+
+
+def test_metrics_pass_promtool_check_metrics(h: Harness, ns: str, default_operator: Any) -> None:
+    """Prometheus' own linter accepts the exposition: help text on every family, counters
+    ending in _total, base units, snake_case names. On a scrape after a sync was written and
+    polled again, so the counters, histograms and the Ready gauge carry labelled samples."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not on PATH (Debian: apt-get install prometheus; CI installs it)")
+    sync = h.sync(ns, "API_KEY", refresh="2s")
+    wait_for(lambda: h.standin.count(sync.env, status=304) >= 1, timeout=30,
+             what="a poll answered 304")
+
+    def scraped_with_the_sync_ready() -> str | None:
+        text: str = default_operator.scrape()
+        ready = _value(_samples(text), "himitsu_secret_ready", namespace=ns, name=sync.name)
+        return text if ready == 1 else None
+
+    text = wait_for(scraped_with_the_sync_ready, timeout=30,
+                    what=f"himitsu_secret_ready{{namespace={ns!r}}} == 1")
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, (
+        f"promtool check metrics (exit {result.returncode}):\n{result.stdout}{result.stderr}")
