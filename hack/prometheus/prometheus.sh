@@ -14,7 +14,7 @@
 # at PROMETHEUS_MODULE (v0.316.0 = Prometheus 3.16.0) with Kubernetes service discovery
 # only (build tags remove_all_sd,enable_kubernetes_sd): no registry, only the Go module
 # proxy. (Debian's prometheus package is built without Kubernetes discovery.) The binary
-# is cached in hack/prometheus/bin/, the image by its tag.
+# is cached in hack/prometheus/bin/, the image by its tag. KUBECTL: kubectl to use.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -72,7 +72,7 @@ cmd_image() {
 
 cmd_deploy() {
   local kubeconfig="$1" img="$2" python="$repo/.venv/bin/python"
-  local kubectl=(kubectl --kubeconfig "$kubeconfig")
+  local kubectl=("${KUBECTL:-kubectl}" --kubeconfig "$kubeconfig")
   [[ -x "$python" ]] || python=python3
   sed "s|PROMETHEUS-IMAGE|$img|" "$here/prometheus.yaml" | "${kubectl[@]}" apply -f -
   "$python" "$here/scrape_config.py" --deploy "$repo/deploy" \
@@ -85,7 +85,7 @@ cmd_deploy() {
 }
 
 cmd_delete() {
-  local kubectl=(kubectl --kubeconfig "$1")
+  local kubectl=("${KUBECTL:-kubectl}" --kubeconfig "$1")
   "${kubectl[@]}" delete --ignore-not-found namespace "$namespace"
   "${kubectl[@]}" delete --ignore-not-found clusterrolebinding/himitsu-e2e-prometheus \
     clusterrole/himitsu-e2e-prometheus
