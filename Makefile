@@ -144,4 +144,4 @@ bench-memory: venv kube-build ## Memory alone: RSS after a cold sync of 1,000/5,
 
 .PHONY: clean
 clean: ## Remove build and test leftovers (not the Go caches)
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache hack/kube/bin
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache hack/kube/bin hack/prometheus/bin

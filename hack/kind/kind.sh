@@ -91,6 +91,14 @@ deploy_operator() {
     --timeout=240s
 }
 
+# A Prometheus that finds the operator through what deploy/ ships (tests/e2e/test_prometheus.py).
+deploy_prometheus() {
+  local name="$1" kubeconfig="$2" img
+  img="$(bash "$repo/hack/prometheus/prometheus.sh" image | tail -n 1)"
+  "${KIND:-kind}" load docker-image "$img" --name "$name"
+  bash "$repo/hack/prometheus/prometheus.sh" deploy "$kubeconfig" "$img"
+}
+
 cmd_e2e() {
   local name="$1" img="$2" kubeconfig
   need kind docker kubectl
@@ -106,12 +114,14 @@ cmd_e2e() {
   deploy_standin "$kubeconfig"
   echo "== operator"
   deploy_operator "$kubeconfig" "$img"
+  echo "== Prometheus (hack/prometheus)"
+  deploy_prometheus "$name" "$kubeconfig"
 
   echo "== e2e suite"
   local python="$repo/.venv/bin/python"
   [[ -x "$python" ]] || python=python3
   # shellcheck disable=SC2086 # PYTEST_ARGS is a list of words on purpose
-  E2E_KUBECONFIG="$kubeconfig" "$python" -m pytest "$repo/tests/e2e" \
+  E2E_KUBECONFIG="$kubeconfig" E2E_PROMETHEUS_NAMESPACE=himitsu-prometheus "$python" -m pytest "$repo/tests/e2e" \
     -m "e2e and not local_only" ${PYTEST_ARGS:-}
 }
 
