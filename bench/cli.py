@@ -196,6 +196,9 @@ def run_steady(run: Run, fleet: Fleet) -> None:
     windows (a fresh process, the same fleet) and the ratios are added."""
     args, rig = run.args, run.rig
     rig.log(f"steady state: {args.duration:.0f} s after {args.warmup:.0f} s warm-up")
+    # A fresh process, as the baseline's will be: the one that synced the fleet may still
+    # be posting that sync's Events (its recorder queue drains slowly), not steady cost.
+    rig.restart_operator()
     profiler = _profiler(run, "steady")
     result = scenarios.steady(rig, fleet, duration=args.duration, windows=args.windows,
                               warmup=args.warmup)
