@@ -9,7 +9,6 @@ LOCAL ?= .local
 KUBECONFIG_LOCAL := $(abspath $(LOCAL))/kubeconfig
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(LOCAL)/bin/kubectl)
 IMG ?= ghcr.io/himitsu-io/himitsu-controller:0.1.0
-KIND ?= kind
 KIND_CLUSTER ?= himitsu-e2e
 PYTEST_ARGS ?=
 # make deploy: where the operator may send tokens (--allowed-api-urls); required.
@@ -120,17 +119,27 @@ docker-build: ## Build $(IMG) with docker BuildKit or buildah, whichever works; 
 	PYTHON_IMAGE='$(PYTHON_IMAGE)' OFFLINE='$(OFFLINE)' BUILDER='$(BUILDER)' \
 	  bash hack/image/build.sh '$(IMG)'
 
-##@ kind (needs Docker and kind on your machine)
+##@ kind (needs Docker and Go; KIND_OFFLINE=1 builds every image locally, no registry)
+KIND_OFFLINE ?=
+export KIND_OFFLINE
+.PHONY: kube-node-build
+kube-node-build: ## Also build kubelet, kubeadm, kube-proxy, kube-scheduler into hack/kube/bin (for the offline kind node)
+	bash hack/kube/build.sh node
+
+.PHONY: kind-node-image
+kind-node-image: ## Build the offline kind node image (cached by content; prints its name)
+	bash hack/kind/offline/node.sh
+
 .PHONY: kind-up
-kind-up: ## Create a kind cluster $(KIND_CLUSTER)
+kind-up: ## Create kind cluster $(KIND_CLUSTER); kubeconfig in .local/kind/$(KIND_CLUSTER)/kubeconfig
 	bash hack/kind/kind.sh up $(KIND_CLUSTER)
 
 .PHONY: kind-down
-kind-down: ## Delete the kind cluster
+kind-down: ## Delete it, its docker network, and restore the host's sysctls
 	bash hack/kind/kind.sh down $(KIND_CLUSTER)
 
 .PHONY: e2e-kind
-e2e-kind: venv ## Build the image, load it into kind, deploy, run the same e2e suite against the in-cluster operator
+e2e-kind: venv ## Cluster up, image built and loaded, `make deploy`, the e2e suite in-cluster, cluster down
 	bash hack/kind/kind.sh e2e $(KIND_CLUSTER) $(IMG)
 
 ##@ Benchmarks

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# kind helpers for users with Docker (the development and CI machines have none, so the
-# default `make test` runs the same suite on a local control plane instead).
+# kind clusters for the e2e suite against the in-cluster operator (`make e2e-kind`).
 #
 #   hack/kind/kind.sh up NAME          create kind cluster NAME (kept if it exists)
-#   hack/kind/kind.sh down NAME        delete it
-#   hack/kind/kind.sh e2e NAME IMG     build IMG, load it into NAME, deploy the stand-in and
-#                                      the operator, run tests/e2e against them
+#   hack/kind/kind.sh down NAME        delete it, its docker network, restore the host
+#   hack/kind/kind.sh e2e NAME IMG     up, build IMG, load it, deploy the stand-in and
+#                                      the operator (`make deploy`), run tests/e2e, down
 #
-# e2e: the operator runs in-cluster (deploy/ through hack/kind/overlay with IMG), the
-# Himitsu stand-in runs as a Pod + Service (python:3.11-slim, code from a ConfigMap), and
-# pytest runs here with E2E_KUBECONFIG set and `-m "e2e and not local_only"`; tests that
-# need their own operator flags skip themselves (see tests/e2e/kind.py).
+# The kubeconfig of NAME is .local/kind/NAME/kubeconfig (never ~/.kube/config); kind is
+# built from its Go module into .local/bin (KIND_VERSION); kubectl is the one on PATH,
+# else hack/kube/bin/kubectl. Each cluster has its own docker network, kind-NAME.
+#
+# KIND_OFFLINE=1: no registry. The node image is built locally (hack/kind/offline/node.sh,
+# cached by content) and the cluster runs with a static bridge CNI (single node); the
+# operator image is built with `make docker-build OFFLINE=1`. Where `docker run
+# --privileged` fails (a host without CAP_SYS_RESOURCE), hack/kind/offline/docker goes
+# first on PATH for kind. Without it: kind's own node image, pulled as usual.
+#
+# The kubelet writes three host-wide sysctls (vm.overcommit_memory, kernel.panic,
+# kernel.panic_on_oops). The first cluster records them (and whether /lib/modules,
+# which docker creates for kind's mount, existed) in /tmp/himitsu-kind-host.state;
+# the last one deleted restores them. e2e deletes its cluster on any exit (KIND_KEEP=1
+# keeps it). KIND_SKIP_IMAGE_BUILD=1 loads IMG as already built.
 # Extra pytest arguments: PYTEST_ARGS="-k drift" hack/kind/kind.sh e2e NAME IMG.
 set -euo pipefail
 
@@ -18,111 +28,263 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 standin_ns=himitsu-standin
 operator_ns=himitsu-system
+standin_url=http://himitsu-standin.himitsu-standin.svc:8700
+: "${KIND_VERSION:=v0.33.0}"
+: "${KIND:=$repo/.local/bin/kind}"
+host_state=/tmp/himitsu-kind-host.state
+host_lock=/tmp/himitsu-kind-host.lock
+sysctls=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
+export KIND_VERSION
 
 usage() {
-  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
+
+log() { echo "kind.sh: $*" >&2; }
 
 need() {
   local tool
   for tool in "$@"; do
-    command -v "$tool" >/dev/null 2>&1 || { echo "kind.sh: '$tool' is not on PATH" >&2; exit 1; }
+    command -v "$tool" >/dev/null 2>&1 || { log "'$tool' is not on PATH"; exit 1; }
   done
 }
 
+offline() { [[ "${KIND_OFFLINE:-0}" == "1" ]]; }
+
+kubeconfig_of() { echo "$repo/.local/kind/$1/kubeconfig"; }
+
+ensure_kind() {
+  if [[ ! -x "$KIND" ]] || [[ "$("$KIND" version 2>/dev/null)" != "kind $KIND_VERSION "* ]]; then
+    need go
+    log "building kind $KIND_VERSION into $(dirname "$KIND")"
+    mkdir -p "$(dirname "$KIND")"
+    GOBIN="$(cd "$(dirname "$KIND")" && pwd)" go install "sigs.k8s.io/kind@$KIND_VERSION"
+  fi
+}
+
+ensure_kubectl() {
+  if [[ -z "${KUBECTL:-}" ]]; then
+    KUBECTL="$(command -v kubectl || true)"
+    [[ -n "$KUBECTL" ]] || { bash "$repo/hack/kube/build.sh" >&2; KUBECTL="$repo/hack/kube/bin/kubectl"; }
+  fi
+  export KUBECTL
+}
+
 cluster_exists() {
-  kind get clusters 2>/dev/null | grep -qx "$1"
+  "$KIND" get clusters 2>/dev/null | grep -qx "$1"
+}
+
+# Probe: can this host run a privileged container? kind passes --privileged to every
+# node; on a host whose bounding set lacks a capability (these sandboxes have no
+# CAP_SYS_RESOURCE) runc fails with "unable to apply caps: operation not permitted".
+# Only then does the wrapper go first on PATH; a plain run must work, else docker
+# itself is broken and the wrapper would not help.
+use_docker_wrapper_if_needed() {
+  local image="$1" out
+  if out="$(docker run --rm --privileged --entrypoint /bin/true "$image" 2>&1)"; then
+    return 0
+  fi
+  docker run --rm --entrypoint /bin/true "$image" >/dev/null 2>&1 \
+    || { log "docker cannot run $image at all: $out"; exit 1; }
+  out="$(grep -m1 -o 'unable to apply caps: [a-z ]*' <<<"$out" || head -n1 <<<"$out")"
+  log "docker run --privileged fails here ($out): kind runs through hack/kind/offline/docker"
+  HIMITSU_KIND_REAL_DOCKER="$(command -v docker)"
+  export HIMITSU_KIND_REAL_DOCKER
+  PATH="$here/offline:$PATH"
+}
+
+# -- host state: sysctls the kubelet changes, /lib/modules docker creates -----------------
+kind_nodes_on_host() {
+  docker ps -aq --filter label=io.x-k8s.kind.cluster | grep -q .
+}
+
+record_host_state() {
+  (
+    flock 9
+    if kind_nodes_on_host && [[ -f "$host_state" ]]; then
+      exit 0  # another cluster recorded the host as it was before any
+    fi
+    kind_nodes_on_host && log "a kind cluster runs already: recording the host as it is now"
+    {
+      for s in "${sysctls[@]}"; do echo "sysctl $s $(sysctl -n "$s")"; done
+      [[ -e /lib/modules ]] || echo "rmdir /lib/modules"
+    } >"$host_state.new"
+    mv "$host_state.new" "$host_state"
+  ) 9>"$host_lock"
+}
+
+restore_host_state() {
+  (
+    flock 9
+    [[ -f "$host_state" ]] || exit 0
+    if kind_nodes_on_host; then
+      log "other kind clusters remain: the host's sysctls are restored by the last one"
+      exit 0
+    fi
+    local what key value
+    while read -r what key value; do
+      case "$what" in
+        sysctl)
+          if [[ "$(sysctl -n "$key")" != "$value" ]]; then
+            log "restoring $key = $value (was $(sysctl -n "$key"))"
+            sysctl -q -w "$key=$value" || log "could not restore $key=$value (not root?)"
+          fi ;;
+        rmdir)
+          rmdir "$key" 2>/dev/null || true ;;
+      esac
+    done <"$host_state"
+    rm -f "$host_state"
+  ) 9>"$host_lock"
+}
+
+# -- the cluster -------------------------------------------------------------------------------
+cluster_config() {
+  cat <<'EOF'
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+kubeadmConfigPatches:
+  # Kubernetes 1.35+ kubelets refuse a cgroup v1 host unless told otherwise.
+  - |
+    kind: KubeletConfiguration
+    failCgroupV1: false
+EOF
+  if offline; then
+    cat <<'EOF'
+networking:
+  # No kindnetd (its image is on a registry): the node image has a static bridge CNI
+  # config, which serves a single node.
+  disableDefaultCNI: true
+EOF
+  fi
 }
 
 cmd_up() {
-  local name="$1"
-  need kind docker
-  if cluster_exists "$name"; then
-    echo "kind cluster $name already exists"
+  local name="$1" kubeconfig image=() config
+  need docker go
+  ensure_kind
+  kubeconfig="$(kubeconfig_of "$name")"
+  local node_image
+  if offline; then
+    node_image="$(bash "$here/offline/node.sh")"
+    image=(--image "$node_image")
   else
-    kind create cluster --name "$name" --wait 180s
+    node_image="$(kind_default_image)"
+    docker image inspect "$node_image" >/dev/null 2>&1 || docker pull -q "$node_image" >/dev/null
   fi
+  # Before anything that calls kind: `kind load` also runs `docker exec --privileged`.
+  use_docker_wrapper_if_needed "$node_image"
+  if cluster_exists "$name"; then
+    log "kind cluster $name already exists (kubeconfig $kubeconfig)"
+    return 0
+  fi
+  mkdir -p "$(dirname "$kubeconfig")"
+  config="$(dirname "$kubeconfig")/cluster.yaml"
+  cluster_config >"$config"
+  record_host_state
+  log "creating kind cluster $name (network kind-$name, kubeconfig $kubeconfig)"
+  local start=$SECONDS
+  KIND_EXPERIMENTAL_DOCKER_NETWORK="kind-$name" "$KIND" create cluster --name "$name" \
+    "${image[@]}" --config "$config" --kubeconfig "$kubeconfig" --wait 180s
+  log "cluster $name up in $((SECONDS - start)) s"
+}
+
+# The node image this kind version defaults to (the one `kind create cluster` pulls).
+kind_default_image() {
+  local mod
+  mod="$(go env GOMODCACHE)/sigs.k8s.io/kind@$KIND_VERSION"
+  sed -n 's/^const Image = "\(.*\)"$/\1/p' "$mod/pkg/apis/config/defaults/image.go"
 }
 
 cmd_down() {
-  local name="$1"
-  need kind
+  local name="$1" kubeconfig
+  ensure_kind
+  kubeconfig="$(kubeconfig_of "$name")"
   if cluster_exists "$name"; then
-    kind delete cluster --name "$name"
+    "$KIND" delete cluster --name "$name" --kubeconfig "$kubeconfig"
   else
-    echo "no kind cluster $name"
+    log "no kind cluster $name"
   fi
+  if docker network inspect "kind-$name" >/dev/null 2>&1; then
+    docker network rm "kind-$name" >/dev/null
+  fi
+  rm -rf "$(dirname "$kubeconfig")"
+  restore_host_state
 }
 
-# Split IMG into the kustomize images fields: name[:tag] or name@digest.
-image_fields() {
-  local img="$1" last="${1##*/}"
-  if [[ "$img" == *@* ]]; then
-    printf '    newName: %s\n    digest: "%s"\n' "${img%@*}" "${img#*@}"
-  elif [[ "$last" == *:* ]]; then
-    printf '    newName: %s\n    newTag: "%s"\n' "${img%:*}" "${img##*:}"
-  else
-    printf '    newName: %s\n    newTag: "latest"\n' "$img"
+# -- what runs in it ---------------------------------------------------------------------------
+build_image() {
+  local img="$1"
+  if [[ "${KIND_SKIP_IMAGE_BUILD:-0}" == "1" ]]; then
+    docker image inspect "$img" >/dev/null || { log "KIND_SKIP_IMAGE_BUILD=1 but no image $img"; exit 1; }
+    return 0
   fi
+  local offline_arg=()
+  offline && offline_arg=(OFFLINE=1)
+  make -C "$repo" --no-print-directory docker-build IMG="$img" "${offline_arg[@]}"
 }
 
+# The stand-in runs on the operator's image: it needs only Python's standard library.
 deploy_standin() {
-  local kubectl=(kubectl --kubeconfig "$1")
-  "${kubectl[@]}" create namespace "$standin_ns" --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
-  "${kubectl[@]}" -n "$standin_ns" create configmap himitsu-standin-code \
-    --from-file="$repo/hack/himitsu_standin" --dry-run=client -o yaml | "${kubectl[@]}" apply -f -
-  "${kubectl[@]}" apply -f "$here/standin.yaml"
-  # New code in the ConfigMap needs a new Pod: the stand-in imports it once at start.
-  "${kubectl[@]}" -n "$standin_ns" rollout restart deployment/himitsu-standin
-  "${kubectl[@]}" -n "$standin_ns" rollout status deployment/himitsu-standin --timeout=180s
+  local img="$1"
+  "$KUBECTL" create namespace "$standin_ns" --dry-run=client -o yaml | "$KUBECTL" apply -f -
+  "$KUBECTL" -n "$standin_ns" create configmap himitsu-standin-code \
+    --from-file="$repo/hack/himitsu_standin" --dry-run=client -o yaml | "$KUBECTL" apply -f -
+  sed "s|^\(\s*image:\) STANDIN-IMAGE$|\1 $img|" "$here/standin.yaml" | "$KUBECTL" apply -f -
+  "$KUBECTL" -n "$standin_ns" rollout status deployment/himitsu-standin --timeout=180s
 }
 
+# `make deploy` (deploy/ as users apply it) with the stand-in as the one allowed URL; the
+# stand-in speaks plain http inside the cluster, hence --allow-insecure-http added after.
 deploy_operator() {
-  local kubeconfig="$1" img="$2" overlay
-  overlay="$(mktemp -d "$here/.overlay.XXXXXX")"
-  # shellcheck disable=SC2064 # expand now: the trap must remove this very directory
-  trap "rm -rf '$overlay'" EXIT
-  sed '/^    newName:/d; /^    newTag:/d' "$here/overlay/kustomization.yaml" >"$overlay/kustomization.yaml"
-  image_fields "$img" >>"$overlay/kustomization.yaml"
-  kubectl --kubeconfig "$kubeconfig" apply -k "$overlay"
-  kubectl --kubeconfig "$kubeconfig" -n "$operator_ns" rollout restart deployment/himitsu-operator
-  kubectl --kubeconfig "$kubeconfig" -n "$operator_ns" rollout status deployment/himitsu-operator \
-    --timeout=240s
+  local img="$1"
+  make -C "$repo" --no-print-directory deploy HIMITSU_API_URLS="$standin_url" KUBECTL="$KUBECTL"
+  local patch='[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--allow-insecure-http"}]'
+  "$KUBECTL" -n "$operator_ns" patch deployment himitsu-operator --type=json -p "$patch"
+  "$KUBECTL" -n "$operator_ns" set image deployment/himitsu-operator "manager=$img"
+  "$KUBECTL" -n "$operator_ns" rollout status deployment/himitsu-operator --timeout=240s
 }
 
 # A Prometheus that finds the operator through what deploy/ ships (tests/e2e/test_prometheus.py).
 deploy_prometheus() {
   local name="$1" kubeconfig="$2" img
   img="$(bash "$repo/hack/prometheus/prometheus.sh" image | tail -n 1)"
-  "${KIND:-kind}" load docker-image "$img" --name "$name"
+  "$KIND" load docker-image "$img" --name "$name"
   bash "$repo/hack/prometheus/prometheus.sh" deploy "$kubeconfig" "$img"
 }
 
 cmd_e2e() {
-  local name="$1" img="$2" kubeconfig
-  need kind docker kubectl
+  local name="$1" img="$2" kubeconfig status=0
+  need docker
+  ensure_kubectl
+  if [[ "${KIND_KEEP:-0}" != "1" ]]; then
+    # shellcheck disable=SC2064 # expand now: the trap must delete this very cluster
+    trap "cmd_down '$name'" EXIT
+  fi
+  local start=$SECONDS
   cmd_up "$name"
-  kubeconfig="$(mktemp)"
-  kind get kubeconfig --name "$name" >"$kubeconfig"
+  kubeconfig="$(kubeconfig_of "$name")"
+  export KUBECONFIG="$kubeconfig"
 
-  echo "== docker build $img"
-  docker build -t "$img" "$repo"
-  echo "== kind load docker-image $img"
-  kind load docker-image "$img" --name "$name"
-  echo "== Himitsu stand-in"
-  deploy_standin "$kubeconfig"
-  echo "== operator"
-  deploy_operator "$kubeconfig" "$img"
-  echo "== Prometheus (hack/prometheus)"
+  log "== operator image $img"
+  build_image "$img"
+  log "== kind load docker-image $img"
+  "$KIND" load docker-image "$img" --name "$name"
+  log "== Himitsu stand-in"
+  deploy_standin "$img"
+  log "== operator (make deploy)"
+  deploy_operator "$img"
+  log "== Prometheus (hack/prometheus)"
   deploy_prometheus "$name" "$kubeconfig"
-
-  echo "== e2e suite"
+  log "== e2e suite (ready after $((SECONDS - start)) s)"
   local python="$repo/.venv/bin/python"
   [[ -x "$python" ]] || python=python3
   # shellcheck disable=SC2086 # PYTEST_ARGS is a list of words on purpose
-  E2E_KUBECONFIG="$kubeconfig" E2E_PROMETHEUS_NAMESPACE=himitsu-prometheus "$python" -m pytest "$repo/tests/e2e" \
-    -m "e2e and not local_only" ${PYTEST_ARGS:-}
+  E2E_KUBECONFIG="$kubeconfig" E2E_PROMETHEUS_NAMESPACE=himitsu-prometheus \
+    "$python" -m pytest "$repo/tests/e2e" \
+    -m "e2e and not local_only" ${PYTEST_ARGS:-} || status=$?
+  log "e2e-kind: pytest exit $status after $((SECONDS - start)) s"
+  return "$status"
 }
 
 [[ $# -ge 1 ]] || usage

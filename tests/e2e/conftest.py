@@ -56,6 +56,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if KIND_KUBECONFIG and item.get_closest_marker("local_only"):
             item.add_marker(pytest.mark.skip(reason="kills or restarts operator processes: "
                                                     "local control plane only"))
+        if not KIND_KUBECONFIG and item.get_closest_marker("kind_only"):
+            item.add_marker(pytest.mark.skip(reason="needs the in-cluster Deployment: "
+                                                    "make e2e-kind"))
 
 
 # -- evidence for the canary check -----------------------------------------------------------
