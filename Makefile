@@ -119,6 +119,10 @@ docker-build: ## Build $(IMG) with docker BuildKit or buildah, whichever works; 
 	PYTHON_IMAGE='$(PYTHON_IMAGE)' OFFLINE='$(OFFLINE)' BUILDER='$(BUILDER)' \
 	  bash hack/image/build.sh '$(IMG)'
 
+.PHONY: docker-smoke
+docker-smoke: venv docker-build ## Run $(IMG) as deploy/manager does (read-only, 65532, no caps, in-cluster config): sync, SIGTERM
+	E2E_IMAGE='$(IMG)' $(PY) -m pytest tests/e2e/test_image.py -m image -rs $(PYTEST_ARGS)
+
 ##@ kind (needs Docker and Go; KIND_OFFLINE=1 builds every image locally, no registry)
 KIND_OFFLINE ?=
 export KIND_OFFLINE
