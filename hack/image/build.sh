@@ -19,6 +19,7 @@
 #   CA_BUNDLE=/path/ca.pem          CA bundle for pip inside the build (default $PIP_CERT):
 #                                   for a TLS-intercepting proxy; lent as a build secret,
 #                                   so it never becomes part of a layer
+#   BUILD_FLAGS="--no-cache ..."    more flags for the build command
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -46,36 +47,38 @@ done
 client_major() { "$1" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1; }
 server_version() { "$1" version --format '{{.Server.Version}}' 2>/dev/null; }
 
-# Sets builder and build_cli; explains each candidate it passes over.
+# Sets builder and build_cli: the first that works, or the first of kind $1 (BUILDER);
+# explains each candidate it passes over.
 detect() {
-  local candidate major server
+  local want="$1" candidate major server
   for candidate in $(docker_candidates); do
     server="$(server_version "$candidate")" || { log "$candidate: no Docker daemon answers"; continue; }
-    if "$candidate" buildx version >/dev/null 2>&1; then
+    if [[ "$want" == "" || "$want" == buildx ]] && "$candidate" buildx version >/dev/null 2>&1; then
       builder=buildx build_cli="$candidate"; return
     fi
     major="$(client_major "$candidate")"
     # Clients before 23 carry BuildKit themselves; daemons since 20.10 parse RUN --mount.
-    if [[ "$major" =~ ^[0-9]+$ ]] && (( major < 23 )) && [[ "${server%%.*}" -ge 20 ]]; then
+    if [[ "$want" == "" || "$want" == docker ]] && [[ "$major" =~ ^[0-9]+$ ]] \
+        && (( major < 23 )) && [[ "${server%%.*}" -ge 20 ]]; then
       builder=docker build_cli="$candidate"; return
     fi
-    log "$candidate (client $major, daemon $server): no buildx plugin, and a client of 23+ has no built-in BuildKit"
+    [[ -n "$want" ]] || log "$candidate (client $major, daemon $server): no buildx plugin, and a client of 23+ has no built-in BuildKit"
   done
-  if command -v buildah >/dev/null 2>&1; then
+  if [[ "$want" == "" || "$want" == buildah ]] && command -v buildah >/dev/null 2>&1; then
     builder=buildah; return
   fi
-  die "no builder for a Dockerfile with RUN --mount: install docker buildx, or buildah"
+  case "$want" in
+    "") die "no builder for a Dockerfile with RUN --mount: install docker buildx, or buildah" ;;
+    buildx) die "BUILDER=buildx: no docker on PATH has the buildx plugin (or DOCKER=...)" ;;
+    docker) die "BUILDER=docker: no docker client before 23 (built-in BuildKit) reaches a daemon" ;;
+    buildah) die "BUILDER=buildah: buildah is not on PATH" ;;
+    *) die "BUILDER=$want: expected buildx, docker or buildah" ;;
+  esac
 }
 
-if [[ -z "$builder" ]]; then
-  detect
-else
-  case "$builder" in
-    buildx|docker) build_cli="${docker_cli:-docker}" ;;
-    buildah) ;;
-    *) die "BUILDER=$builder: expected buildx, docker or buildah" ;;
-  esac
-fi
+builder_wanted="$builder"
+builder=""
+detect "$builder_wanted"
 
 # -- the base image ------------------------------------------------------------------------------
 python_image="${PYTHON_IMAGE:-}"
@@ -93,6 +96,8 @@ if [[ -n "$ca_bundle" ]]; then
   args+=(--secret "id=ca-bundle,src=$ca_bundle")
 fi
 
+read -ra extra <<<"${BUILD_FLAGS:-}"
+args+=("${extra[@]}")
 start=$SECONDS
 case "$builder" in
   buildx)

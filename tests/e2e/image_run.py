@@ -26,9 +26,8 @@ from typing import Any
 
 import yaml
 
-from .kubehelp import REPO
-
-MANIFEST = REPO / "deploy" / "manager" / "manager.yaml"
+# No e2e imports: tests/unit/test_image_run.py checks the translation without a cluster.
+MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "manager" / "manager.yaml"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DOCKER = os.environ.get("DOCKER") or "docker"
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
