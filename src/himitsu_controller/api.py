@@ -40,6 +40,8 @@ ANN_DATA_HASH = "himitsu.io/data-hash"
 ANN_MANAGED_KEYS = "himitsu.io/managed-keys"
 # On the HimitsuSecret: any new value forces one full fetch.
 ANN_FORCE_SYNC = "himitsu.io/force-sync"
+# On a workload's pod template: set to restart it, as `kubectl rollout restart` does.
+ANN_RESTARTED_AT = "himitsu.io/restartedAt"
 # On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
 # token may be sent to (narrower than --allowed-api-urls, never wider).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
@@ -58,6 +60,12 @@ MAX_REFRESH_SECONDS = 366 * 24 * 3600.0
 # requeue floor, a Himitsu request and a status patch every ~0.1 s, a token's whole
 # budget spent on one object; the CRD says the same in a CEL rule.
 MIN_REFRESH_SECONDS = 1.0
+
+# spec.rolloutRestartTargets: the workloads restarted when the target's data changes.
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
+MAX_ROLLOUT_TARGETS = 16
+DEFAULT_MIN_RESTART_SECONDS = 60.0
+MAX_MIN_RESTART_SECONDS = 24 * 3600.0
 
 _HEX = "[0-9a-fA-F]"
 _UUID_RE = re.compile(rf"^{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}$")
@@ -158,6 +166,27 @@ class Target:
 
 
 @dataclass(frozen=True)
+class RolloutTarget:
+    """A workload to restart when the target's data changes. ``kind`` outside
+    WORKLOAD_KINDS is kept (and reported, never restarted): the sync stays Ready."""
+
+    kind: str
+    name: str
+    force: bool = False  # restart even when its pod template does not read the target
+
+    @property
+    def supported(self) -> bool:
+        return self.kind in WORKLOAD_KINDS
+
+
+@dataclass(frozen=True)
+class Rollout:
+    targets: tuple[RolloutTarget, ...] = ()
+    on_create: bool = False  # restart on the target's first sync too
+    min_interval: float = DEFAULT_MIN_RESTART_SECONDS  # the batching window
+
+
+@dataclass(frozen=True)
 class Spec:
     api_url: str
     project_id: str
@@ -166,6 +195,7 @@ class Spec:
     auth_secret_key: str
     refresh_interval: float
     target: Target
+    rollout: Rollout = field(default_factory=Rollout)
 
     def source_hash(self) -> str:
         """Fingerprint of everything that decides which data lands in the target.
@@ -239,8 +269,47 @@ def parse_spec(obj: Mapping[str, Any]) -> Spec:
     return Spec(
         api_url=api_url, project_id=project_id, environment_id=environment_id,
         auth_secret_name=auth_name, auth_secret_key=auth_key, refresh_interval=refresh,
-        target=target,
+        target=target, rollout=_parse_rollout(spec),
     )
+
+
+def _parse_rollout(spec: Mapping[str, Any]) -> Rollout:
+    raw = spec.get("rolloutRestartTargets")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise InvalidSpec("rolloutRestartTargets must be a list of {kind, name}")
+    if len(raw) > MAX_ROLLOUT_TARGETS:
+        raise InvalidSpec(f"rolloutRestartTargets has {len(raw)} entries; at most "
+                          f"{MAX_ROLLOUT_TARGETS} are allowed")
+    found: list[RolloutTarget] = []
+    for i, item in enumerate(raw):
+        where = f"rolloutRestartTargets[{i}]"
+        entry = _mapping(item, where)
+        kind = _required_str(entry, "kind", f"{where}.kind")
+        name = _required_str(entry, "name", f"{where}.name")
+        if len(name) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(name):
+            raise InvalidSpec(f"{where}.name {_show(name)} is not a valid workload name "
+                              "(lowercase DNS subdomain)")
+        force = entry.get("force", False)
+        if not isinstance(force, bool):
+            raise InvalidSpec(f"{where}.force must be true or false")
+        if any(t.kind == kind and t.name == name for t in found):
+            raise InvalidSpec(f"{where} names {kind} {name!r} twice")
+        found.append(RolloutTarget(kind=kind, name=name, force=force))
+    on_create = spec.get("rolloutRestartOnCreate", False)
+    if not isinstance(on_create, bool):
+        raise InvalidSpec("rolloutRestartOnCreate must be true or false")
+    text = spec.get("minRestartInterval", "1m")
+    if not isinstance(text, str):
+        raise InvalidSpec("minRestartInterval must be a string such as 1m")
+    try:
+        window = parse_duration(text)
+    except InvalidSpec as exc:
+        raise InvalidSpec(str(exc).replace("refreshInterval", "minRestartInterval")) from None
+    if window > MAX_MIN_RESTART_SECONDS:
+        raise InvalidSpec(f"minRestartInterval {_show(text.strip())} is longer than 24h")
+    return Rollout(targets=tuple(found), on_create=on_create, min_interval=window)
 
 
 def _parse_target(target: Mapping[str, Any]) -> Target:

@@ -136,6 +136,7 @@ def validate(value: Any, schema: Any, path: str = "") -> list[str]:
     checks: dict[str, Callable[[Any, Any, str], list[str]]] = {
         "object": _validate_object, "array": _validate_array,
         "string": _validate_string, "integer": _validate_integer,
+        "boolean": _validate_boolean,
     }
     if kind not in checks:
         return [f"{path}: schema node without a supported type"]
@@ -167,6 +168,8 @@ def _validate_array(value: Any, schema: Any, path: str) -> list[str]:
     if not isinstance(value, list):
         return [f"{path}: expected array"]
     errors: list[str] = []
+    if len(value) > schema.get("maxItems", len(value)):
+        errors.append(f"{path}: Too many")
     for i, item in enumerate(value):
         errors += validate(item, schema["items"], f"{path}[{i}]")
     if schema.get("x-kubernetes-list-type") == "map":
@@ -194,6 +197,10 @@ def _validate_string(value: Any, schema: Any, path: str) -> list[str]:
         except ValueError:
             errors.append(f"{path}: not a date-time")
     return errors
+
+
+def _validate_boolean(value: Any, schema: Any, path: str) -> list[str]:
+    return [] if isinstance(value, bool) else [f"{path}: expected boolean"]
 
 
 def _validate_integer(value: Any, schema: Any, path: str) -> list[str]:
@@ -288,9 +295,36 @@ def test_required_fields_defaults_and_enums() -> None:
         assert sub["additionalProperties"] == {"type": "string"}
 
 
+def test_rollout_restart_targets_schema_matches_the_operator() -> None:
+    targets = node("spec", "rolloutRestartTargets")
+    assert targets["maxItems"] == api.MAX_ROLLOUT_TARGETS
+    assert targets["x-kubernetes-list-type"] == "map"
+    assert targets["x-kubernetes-list-map-keys"] == ["kind", "name"] == targets["items"][
+        "required"]
+    assert targets["items"]["properties"]["kind"]["enum"] == list(api.WORKLOAD_KINDS)
+    assert targets["items"]["properties"]["name"]["pattern"] == node(
+        "spec", "target", "name")["pattern"]
+    assert node("spec", "minRestartInterval")["pattern"] == node(
+        "spec", "refreshInterval")["pattern"]
+    status = node("status", "rolloutRestarts")
+    assert status["x-kubernetes-list-map-keys"] == ["kind", "name"]
+    assert set(status["items"]["properties"]) == {
+        "kind", "name", "dataMac", "keyId", "pendingSince", "lastRestart", "warning"}
+    good = {**CONTRACT_EXAMPLE["spec"], "minRestartInterval": "30s",
+            "rolloutRestartOnCreate": True,
+            "rolloutRestartTargets": [{"kind": "Deployment", "name": "web", "force": True}]}
+    assert admit({**CONTRACT_EXAMPLE, "spec": good}) == []
+    parsed = api.parse_spec({**CONTRACT_EXAMPLE, "spec": good})
+    assert parsed.rollout.min_interval == 30.0 and parsed.rollout.on_create
+    for bad in ([{"kind": "CronJob", "name": "x"}], [{"kind": "Deployment", "name": "X"}],
+                [{"kind": "Deployment", "name": "w"}] * 2,
+                [{"kind": "Deployment", "name": f"w{i}"} for i in range(17)]):
+        assert admit({**CONTRACT_EXAMPLE, "spec": {**good, "rolloutRestartTargets": bad}})
+
+
 def test_schema_is_structural_and_defaults_are_valid() -> None:
     for path, sub in walk(root_schema()):
-        assert sub.get("type") in {"object", "array", "string", "integer"}, path
+        assert sub.get("type") in {"object", "array", "string", "integer", "boolean"}, path
         if "default" in sub:
             assert validate(sub["default"], sub, path) == [], path
         for name in sub.get("required", []):
