@@ -42,6 +42,19 @@ secret_writes = Counter(
     "operator's labels, annotations or ownerReference put back, delete: a type change).",
     ["operation"], registry=REGISTRY,
 )
+ROLLOUT_RESULTS = ("restarted", "coalesced", "skipped_unreferenced", "skipped_kind", "missing",
+                   "failed")
+rollout_restarts = Counter(
+    "himitsu_rollout_restarts",
+    "Rollout restarts of workloads named by rolloutRestartTargets, by result: restarted (one "
+    "template patch), coalesced (a further data change or HimitsuSecret served by a restart), "
+    "skipped_unreferenced (its pods do not read the Secret), skipped_kind (not a Deployment, "
+    "StatefulSet or DaemonSet), missing (no such workload), failed (the patch was refused; "
+    "retried with backoff).",
+    ["result"], registry=REGISTRY,
+)
+for _result in ROLLOUT_RESULTS:
+    rollout_restarts.labels(result=_result)
 
 api_urls_unrestricted = Gauge(
     "himitsu_api_urls_unrestricted",
@@ -156,6 +169,11 @@ def count_sync(result: str, reason: str = "") -> None:
 
 def count_write(operation: str) -> None:
     secret_writes.labels(operation=operation).inc()
+
+
+def count_rollout(result: str, n: int = 1) -> None:
+    if n > 0:
+        rollout_restarts.labels(result=result).inc(n)
 
 
 def set_ready(namespace: str, name: str, is_ready: bool) -> None:

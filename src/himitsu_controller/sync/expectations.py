@@ -9,7 +9,7 @@ nothing after a restart) and compares the cache's resourceVersion with the one i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Memory", "resource_version", "uid_of"]
@@ -39,6 +39,10 @@ class Memory:
     # A first sync or repair wrote an answer older than its reconcile (shared, or from
     # memory while Himitsu refused): it takes only an answer asked for since this moment.
     revalidate: float | None = None
+    # The data the target holds (render.data_hash), as last written or confirmed here,
+    # and the key its rollout record is MACed with (from the token): sync.rollout.
+    digest: str | None = None
+    mac_key: bytes | None = field(default=None, repr=False)
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""

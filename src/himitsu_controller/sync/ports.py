@@ -16,7 +16,9 @@ from typing import Any, Protocol
 
 from himitsu_controller import himitsu
 
-__all__ = ["Conflict", "Fetcher", "Kube", "KubeError", "SecretNotFound", "SecretValue"]
+__all__ = [
+    "Conflict", "Fetcher", "Kube", "KubeError", "SecretNotFound", "SecretValue", "Workloads",
+]
 
 
 class KubeError(Exception):
@@ -46,7 +48,18 @@ class SecretValue:
     allowed_api_urls: str | None = None
 
 
-class Kube(Protocol):
+class Workloads(Protocol):
+    """The apps/v1 workloads a HimitsuSecret restarts (``sync.restarter``): kind is
+    Deployment, StatefulSet or DaemonSet, in the HimitsuSecret's namespace."""
+
+    def get_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """The workload read directly (None: not found); KubeError when refused."""
+    def restart_workload(self, namespace: str, kind: str, name: str, *, at: str) -> None:
+        """Set ``spec.template.metadata.annotations["himitsu.io/restartedAt"]`` to ``at``
+        (a patch, as ``kubectl rollout restart``); KubeError when refused or not found."""
+
+
+class Kube(Workloads, Protocol):
     def get_himitsu_secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list_himitsu_secrets(self) -> list[dict[str, Any]]:
         """Every HimitsuSecret in the informer's cache (its own objects: read only)."""

@@ -28,6 +28,7 @@ from himitsu_controller.sync import (
     lag,
     polls,
     render,
+    rollout,
     schedule,
     targets,
     wakes,
@@ -79,6 +80,7 @@ class HimitsuSecretReconciler:
         self._status = StatusWriter(kube, now=now)
         self._memory: dict[str, Memory] = {}
         self._lock = threading.Lock()
+        self._rollouts = rollout.Rollouts(kube, self._status, now=self._clock)
         metrics.report_lag(self.lag)
 
     def reconcile(self, key: str) -> Result:
@@ -99,17 +101,36 @@ class HimitsuSecretReconciler:
             # Before anything is read or sent: a URL outside the allow-list costs no
             # token read, and the URL checked is the one requested.
             api_url = self._check_api_url(spec)
-            return self._sync(ctx, spec, api_url)
+            result = self._sync(ctx, spec, api_url)
         except api.InvalidSpec as exc:
             return self._failed(ctx, spec, _Failure("InvalidSpec", str(exc)))
         except _Failure as failure:
-            return self._failed(ctx, spec, failure)
+            result = self._failed(ctx, spec, failure)
         except _Requeue as requeue:
             if requeue.paced and spec is not None:
                 self._note_overdue(ctx, spec)
-            return Result(requeue_after=requeue.delay)
+            result = Result(requeue_after=requeue.delay)
         except KubeError as exc:  # a read of the target or a status patch was refused
-            return self._failed(ctx, spec, _Failure("WriteFailure", str(exc)))
+            result = self._failed(ctx, spec, _Failure("WriteFailure", str(exc)))
+        return self._restart_owed(ctx, spec, result) if spec is not None else result
+
+    def _restart_owed(self, ctx: wakes.Context, spec: api.Spec, result: Result) -> Result:
+        """Whatever the sync did, the workloads owed a restart get it when due (a failing
+        Himitsu does not hold back a restart for data already in the target)."""
+        try:
+            wake = self._rollouts.step(
+                ctx.obj, ctx.key, spec, self._remember(ctx),
+                first_sync=ctx.status.config_version is None,
+                recheck=ctx.status.observed_generation != ctx.generation)
+        except KubeError as exc:  # the status patch: the claims are kept and retried
+            log.warning("rollout status update failed", key=ctx.key, error=str(exc))
+            wake = self._clock() + 1.0
+        if wake is None:
+            return result
+        delay = schedule.requeue_delay(self._clock(), wake)
+        if result.requeue_after is not None and 0 < result.requeue_after <= delay:
+            return result
+        return Result(requeue_after=delay, error=result.error)
 
     # -- the happy path -------------------------------------------------------------
 
@@ -117,7 +138,8 @@ class HimitsuSecretReconciler:
         mem = self._remember(ctx)
         lag.first_sight(mem, last_sync_time=ctx.status.last_sync_time,
                         interval=spec.refresh_interval, in_step=wakes.in_step(ctx))
-        deferred = wakes.defer_after_restart(self._kube, ctx, spec, mem, now=self._clock())
+        deferred = None if rollout.pending(ctx.obj) else wakes.defer_after_restart(
+            self._kube, ctx, spec, mem, now=self._clock())
         if deferred is not None:
             return deferred
         idle = wakes.woken_idle(self._kube, ctx, spec, mem, now=self._clock())
@@ -154,7 +176,7 @@ class HimitsuSecretReconciler:
         result, retry = self._fetch(
             ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
             api_url=api_url, floor=floor, fallback=not intact)
-        mem.source = source
+        mem.source, mem.mac_key = source, rollout.mac_key(token)
         polled = self._now().timestamp()
         answered = polled - result.age
         if retry is not None or (not intact and answered < began):
@@ -168,7 +190,8 @@ class HimitsuSecretReconciler:
         if timed:
             metrics.observe_lateness(polled - (mem.due or polled))
         if isinstance(result, himitsu.NotModified):
-            data_changed = False
+            data_changed, mem.digest = False, targets.annotations_of(target).get(
+                api.ANN_DATA_HASH, mem.digest)  # what the rollout record is compared with
             count = ctx.status.secret_count
             metrics.count_sync("not_modified")
         else:
@@ -343,6 +366,7 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.races = 0
+        mem.digest = render.data_hash(rendered)
         mem.expect(resource_version(done.secret))
         if done.wrote:
             mem.read_live = False
@@ -425,4 +449,5 @@ class HimitsuSecretReconciler:
         with self._lock:
             self._memory.pop(key, None)
         self._status.forget(key)
+        self._rollouts.restarter.release(key)
         self._fetcher.release(key)  # the shared poller drops a source nobody reads any more

@@ -111,6 +111,21 @@ class StatusWriter:
         if transition:
             self._event(obj, "Warning", reason, message)
 
+    def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """``status.rolloutRestarts`` as we last wrote it (``sync.rollout``'s record)."""
+        entries = self._current(key, obj).get("rolloutRestarts")
+        return [dict(e) for e in entries if isinstance(e, Mapping)] \
+            if isinstance(entries, list) else []
+
+    def rollouts(self, key: str, obj: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+        """Write ``status.rolloutRestarts`` (removed when empty) if it changed: Ready and
+        everything else stay as they are."""
+        previous = self._current(key, obj)
+        status = dict(previous)
+        status["rolloutRestarts"] = entries or None
+        if {k: v for k, v in status.items() if v is not None} != previous:
+            self._write(key, obj, status)
+
     def forget(self, key: str) -> None:
         with self._lock:
             self._written.pop(key, None)

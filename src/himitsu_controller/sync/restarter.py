@@ -1,0 +1,185 @@
+"""The shared per-workload restart scheduler: batching, coalescing, retries.
+
+One per process, keyed ``namespace/kind/name``, shared by every HimitsuSecret naming the
+workload. A HimitsuSecret whose target's data changed *claims* a restart of each of its
+workloads (``sync.rollout`` decides when); the claim is due ``minRestartInterval`` after
+the change that opened it (``since``, kept in the HimitsuSecret's status, so a claim
+survives an operator restart or a leader change). Claims on one workload share one
+window: each further claim (another data change, another HimitsuSecret) joins the one
+that is open and is due no later than its own ``since + window``. When it is due, the
+reconcile that finds it so restarts the workload once for every claim, a patch of its
+pod template's ``himitsu.io/restartedAt`` annotation, and leaves each other claimant its
+outcome to collect on its own next reconcile (which its Result asked for at that time).
+
+Nothing sleeps or runs on its own: the reconciles drive it (``claim`` answers "wait until
+T", "done" or "failed, retry at T"), on whatever clock they are given.
+
+Before patching, the workload is read: a missing one has nothing to restart (its pods,
+once created, read the Secret as it is); one whose pod template reads none of the
+claimants' Secrets is not restarted (``sync.references``) unless a claim says ``force``.
+A refused patch keeps every claim and is retried with backoff (1 s doubling to 5 min).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from himitsu_controller import metrics
+from himitsu_controller.sync.ports import KubeError, Workloads
+from himitsu_controller.sync.references import secrets_read
+
+__all__ = ["Claim", "Outcome", "Restarter", "restarted_at"]
+
+RETRY_FIRST, RETRY_CAP = 1.0, 300.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    holder: str  # the HimitsuSecret's key, namespace/name
+    secret: str  # the target Secret it writes
+    digest: str = field(repr=False)  # of the data a restart now would roll out
+    since: float  # epoch seconds: the change that opened the claim
+    window: float  # the holder's minRestartInterval
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``state``: ``waiting`` (due at ``at``), ``failed`` (retried at ``at``), or ``done``:
+    restarted at ``at`` for ``digest`` (``result`` restarted or coalesced), or nothing to
+    restart (``missing``, ``skipped_unreferenced``); ``message`` says why, if it matters."""
+
+    state: str
+    at: float
+    result: str = ""
+    digest: str | None = field(default=None, repr=False)
+    message: str = ""
+
+
+@dataclass
+class _Slot:
+    claims: dict[str, Claim] = field(default_factory=dict)
+    done: dict[str, Outcome] = field(default_factory=dict)
+    failures: int = 0
+    retry_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def restarted_at(epoch: float) -> str:
+    """RFC 3339 in microseconds: two restarts within one second stay two patches."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Restarter:
+    def __init__(self, workloads: Workloads, *, now: Callable[[], float]) -> None:
+        self._workloads = workloads
+        self._now = now
+        self._slots: dict[tuple[str, str, str], _Slot] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, namespace: str, kind: str, name: str, claim: Claim) -> Outcome:
+        key = (namespace, kind, name)
+        with self._lock:
+            slot = self._slots.setdefault(key, _Slot())
+        with slot.lock:
+            done = slot.done.pop(claim.holder, None)
+            if done is not None:
+                self._drop_if_idle(key, slot)
+                return done
+            previous = slot.claims.get(claim.holder)
+            if previous is not None and previous.digest != claim.digest:
+                metrics.count_rollout("coalesced")  # a further change, batched
+            slot.claims[claim.holder] = claim
+            due = min(c.since + c.window for c in slot.claims.values())
+            at = max(due, slot.retry_at)
+            now = self._now()
+            if now < at:
+                return Outcome("failed" if slot.failures else "waiting", at)
+            return self._restart(key, slot, claim.holder, now)
+
+    def release(self, holder: str, *, keep: frozenset[tuple[str, str, str]] = frozenset(),
+                ) -> None:
+        """``holder`` no longer names these workloads (deleted, or its spec changed):
+        its claims and uncollected outcomes go, except on the workloads in ``keep``."""
+        with self._lock:
+            slots = [(k, s) for k, s in self._slots.items() if k not in keep]
+        for key, slot in slots:
+            with slot.lock:
+                slot.claims.pop(holder, None)
+                slot.done.pop(holder, None)
+                self._drop_if_idle(key, slot)
+
+    def withdraw(self, namespace: str, kind: str, name: str, holder: str) -> None:
+        """``holder`` owes this workload nothing any more (its data went back to what the
+        pods have): its claim must not restart the workload with someone else's."""
+        key = (namespace, kind, name)
+        with self._lock:
+            slot = self._slots.get(key)
+        if slot is not None:
+            with slot.lock:
+                slot.claims.pop(holder, None)
+                slot.done.pop(holder, None)
+                self._drop_if_idle(key, slot)
+
+    def pending(self) -> int:
+        """Workloads with a claim or an uncollected outcome (tests, leak checks)."""
+        with self._lock:
+            return len(self._slots)
+
+    def _drop_if_idle(self, key: tuple[str, str, str], slot: _Slot) -> None:
+        if not slot.claims and not slot.done:
+            with self._lock:
+                if self._slots.get(key) is slot:
+                    del self._slots[key]
+
+    def _restart(self, key: tuple[str, str, str], slot: _Slot, holder: str, now: float,
+                 ) -> Outcome:
+        namespace, kind, name = key
+        claims = list(slot.claims.values())
+        try:
+            workload = self._workloads.get_workload(namespace, kind, name)
+            if workload is None:
+                outcomes = {c.holder: Outcome(
+                    "done", now, "missing", c.digest,
+                    f"{kind} {name!r} not found: nothing to restart") for c in claims}
+                metrics.count_rollout("missing", len(claims))
+            else:
+                read = secrets_read(workload)
+                wanted = [c for c in claims if c.force or c.secret in read]
+                if wanted:
+                    self._workloads.restart_workload(namespace, kind, name,
+                                                     at=restarted_at(now))
+                    metrics.count_rollout("restarted")
+                    metrics.count_rollout("coalesced", len(wanted) - 1)
+                outcomes = {c.holder: Outcome(
+                    "done", now, "restarted" if c.holder == holder else "coalesced", c.digest,
+                ) for c in wanted}
+                skipped = [c for c in claims if c not in wanted]
+                metrics.count_rollout("skipped_unreferenced", len(skipped))
+                outcomes.update({c.holder: Outcome(
+                    "done", now, "skipped_unreferenced", c.digest,
+                    unreferenced(kind, name, c.secret)) for c in skipped})
+        except KubeError as exc:
+            slot.failures += 1
+            delay = min(RETRY_FIRST * 2 ** (slot.failures - 1), RETRY_CAP)
+            slot.retry_at = now + delay
+            metrics.count_rollout("failed")
+            # One message while the same refusal lasts: one Warning Event, not one a retry.
+            return Outcome("failed", slot.retry_at, "failed",
+                           message=f"restarting {kind} {name!r} failed: {exc}; retrying "
+                                   "with backoff")
+        slot.claims.clear()
+        slot.failures, slot.retry_at = 0, 0.0
+        mine = outcomes.pop(holder)
+        slot.done.update(outcomes)
+        self._drop_if_idle(key, slot)
+        return mine
+
+
+def unreferenced(kind: str, name: str, secret: str) -> str:
+    return (f"{kind} {name!r} does not read Secret {secret!r} (no envFrom, env valueFrom, "
+            "volume or projected volume names it): not restarted; set force: true on its "
+            "rolloutRestartTargets entry to restart it anyway")
