@@ -50,6 +50,7 @@ from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound, S
 
 SECRETS = Resource("", "v1", "secrets")
 HIMITSU_SECRETS = Resource(api.GROUP, api.VERSION, api.PLURAL)
+WORKLOADS = {kind: Resource("apps", "v1", f"{kind.lower()}s") for kind in api.WORKLOAD_KINDS}
 
 TOKEN_TTL = 300.0
 COMPONENT = "himitsu-operator"
@@ -321,6 +322,25 @@ class KubeClient:
             )
         except ApiError as exc:
             raise _kube_error(exc, f"updating status of HimitsuSecret {name!r}") from None
+
+    def get_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._request("GET", WORKLOADS[kind].path(namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise _kube_error(exc, f"reading {kind} {name!r}") from None
+
+    def restart_workload(self, namespace: str, kind: str, name: str, *, at: str) -> None:
+        """What ``kubectl rollout restart`` does, under our own annotation: a strategic
+        merge patch of the pod template's annotations, so the workload's own strategy,
+        PodDisruptionBudgets and readiness gates pace the rollout."""
+        body = {"spec": {"template": {"metadata": {"annotations": {api.ANN_RESTARTED_AT: at}}}}}
+        try:
+            self._request("PATCH", WORKLOADS[kind].path(namespace, name), body=body,
+                          content_type="application/strategic-merge-patch+json")
+        except ApiError as exc:
+            raise _kube_error(exc, f"restarting {kind} {name!r}") from None
 
     def record_event(
         self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,

@@ -143,9 +143,28 @@ def prepare(kube_api: KubeApi, workdir: Path, canary: Canary, wanted: list[Grant
                  "projectId": "11111111-1111-1111-1111-111111111111",
                  "environmentId": "22222222-2222-2222-2222-222222222222",
                  "authSecretRef": {"name": "rbac-token"}, "target": {"name": "rbac-target"}}})
+    for kind in api.WORKLOAD_KINDS:
+        env.kube.create(f"/apis/apps/v1/namespaces/{namespace}/{kind.lower()}s",
+                        workload(kind))
     for grant in [None, *wanted]:
         env.kubeconfigs[grant] = _identity(env, grant)
     return env
+
+
+WORKLOAD = "rbac-web"
+
+
+def workload(kind: str) -> dict[str, Any]:
+    """The smallest valid apps/v1 workload (the local control plane runs no pods)."""
+    labels = {"app": WORKLOAD}
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": labels},
+        "template": {"metadata": {"labels": labels},
+                     "spec": {"containers": [{"name": "app", "image": "example.com/app"}]}}}
+    if kind == "StatefulSet":
+        spec["serviceName"] = WORKLOAD
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": WORKLOAD},
+            "spec": spec}
 
 
 def _identity(env: Env, grant: Grant | None) -> Path:
@@ -335,6 +354,13 @@ CHECKS: dict[Grant, Callable[[Env, RecordingRest], bool]] = {
     ("", "secrets", "update"): lambda env, rest: succeeds(
         lambda: kube_client(rest).update_secret(env.namespace, updated_secret(env))),
     ("", "secrets", "delete"): deletes,
+    **{("apps", f"{kind.lower()}s", "get"): functools.partial(
+        lambda kind, env, rest: succeeds(lambda: kube_client(rest).get_workload(
+            env.namespace, kind, WORKLOAD)), kind) for kind in api.WORKLOAD_KINDS},
+    **{("apps", f"{kind.lower()}s", "patch"): functools.partial(
+        lambda kind, env, rest: succeeds(lambda: kube_client(rest).restart_workload(
+            env.namespace, kind, WORKLOAD, at="2026-12-01T12:00:00.000000Z")), kind)
+       for kind in api.WORKLOAD_KINDS},
     ("", "events", "create"): lambda env, rest: succeeds(
         lambda: kube_client(rest).record_event(
             env.owner, type="Normal", reason="Synced", message="an RBAC check")),

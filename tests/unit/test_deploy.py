@@ -42,6 +42,8 @@ OPERATOR_GRANTS = {
     ("himitsu.io", "himitsusecrets/finalizers", "update"),
     *{("", "secrets", v) for v in ("get", "list", "watch", "create", "update", "delete")},
     ("", "events", "create"),
+    *{("apps", r, v) for r in ("deployments", "statefulsets", "daemonsets")
+      for v in ("get", "patch")},
 }
 LEADER_ELECTION_GRANTS = {
     *{("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
