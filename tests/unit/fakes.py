@@ -73,6 +73,9 @@ class FakeKube:
         self.himitsu_secrets: dict[Key, dict[str, Any]] = {}
         self.secrets: dict[Key, dict[str, Any]] = {}
         self.events: list[RecordedEvent] = []
+        # apps/v1 workloads by (namespace, kind, name); restarts: (ns, kind, name, at)
+        self.workloads: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.restarts: list[tuple[str, str, str, str]] = []
         self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
         self.calls: Counter[str] = Counter()
         self.order: list[str] = []  # every call, in order
@@ -250,6 +253,31 @@ class FakeKube:
         obj = self.himitsu_secrets[(namespace, name)]
         obj["status"] = merge_patch(obj.get("status") or {}, status)
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
+
+    def add_workload(self, namespace: str, kind: str, name: str, *,
+                     reads: str | None = None) -> dict[str, Any]:
+        """A workload whose one container reads Secret ``reads`` through envFrom."""
+        pod: dict[str, Any] = {"containers": [{"name": "app", "image": "app"}]}
+        if reads is not None:
+            pod["containers"][0]["envFrom"] = [{"secretRef": {"name": reads}}]
+        obj = {"apiVersion": "apps/v1", "kind": kind,
+               "metadata": {"namespace": namespace, "name": name},
+               "spec": {"template": {"metadata": {}, "spec": pod}}}
+        self.workloads[(namespace, kind, name)] = obj
+        return obj
+
+    def get_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        self._maybe_fail("get_workload")
+        return copy.deepcopy(self.workloads.get((namespace, kind, name)))
+
+    def restart_workload(self, namespace: str, kind: str, name: str, *, at: str) -> None:
+        self._maybe_fail("restart_workload")
+        obj = self.workloads.get((namespace, kind, name))
+        if obj is None:
+            raise KubeError(f"restarting {kind} {name!r} failed: 404 NotFound", status=404)
+        meta = obj["spec"]["template"].setdefault("metadata", {})
+        meta.setdefault("annotations", {})["himitsu.io/restartedAt"] = at
+        self.restarts.append((namespace, kind, name, at))
 
     def record_event(
         self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,

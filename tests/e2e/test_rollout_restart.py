@@ -1,0 +1,143 @@
+"""rolloutRestartTargets on a real apiserver (issue 16): a Deployment consuming the target
+is restarted (its pod template's himitsu.io/restartedAt changes) exactly once per data
+change, never on a 304 poll, a repair or a force-sync that changes nothing; three quick
+rotations are one restart; a workload that does not read the Secret is warned about and
+left alone.
+
+The local control plane runs no kubelet, so no pod starts: what is proved is the template
+annotation (what `kubectl rollout restart` changes) and the Deployment's
+metadata.generation, which the apiserver bumps on every change of its spec, so
+``generation - 1`` counts every restart anyone made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from himitsu_controller import api
+
+from .harness import Harness, hsec_body
+from .kubehelp import hsec_path, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
+
+WEB = "web"
+
+
+def deployment(reads: str | None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "app", "image": "example.com/app:1"}
+    if reads is not None:
+        container["envFrom"] = [{"secretRef": {"name": reads}}]
+    labels = {"app": WEB}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": WEB},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [container]}}}}
+
+
+def deployment_path(ns: str, name: str | None = None) -> str:
+    base = f"/apis/apps/v1/namespaces/{ns}/deployments"
+    return f"{base}/{name}" if name else base
+
+
+class Rollout:
+    """One HimitsuSecret naming Deployment ``web``, and what to watch on it."""
+
+    def __init__(self, h: Harness, ns: str, *, reads: str | None = "app-secrets",
+                 window: str = "2s") -> None:
+        self.h, self.ns = h, ns
+        self.h.kube.create(deployment_path(ns), deployment(reads))
+        self.env, self.values = h.environment("API_KEY", "DB_PASSWORD")
+        h.token_secret(ns, h.token_for(self.env))
+        body = hsec_body("app", self.env, api_url=h.standin.api_url, target="app-secrets",
+                         refresh="1s")
+        body["spec"].update(minRestartInterval=window,
+                            rolloutRestartTargets=[{"kind": "Deployment", "name": WEB}])
+        h.kube.create(hsec_path(ns), body)
+        h.wait_ready(ns, "app")
+        wait_for(lambda: self.entry().get("dataMac"), timeout=30,
+                 what="status.rolloutRestarts to record the data the pods have")
+
+    def workload(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.h.kube.get(deployment_path(self.ns, WEB))
+        return found
+
+    def restarts(self) -> int:
+        """Every change of the Deployment's spec so far: the restarts, by anyone."""
+        return int(self.workload()["metadata"]["generation"]) - 1
+
+    def restarted_at(self) -> str | None:
+        meta = self.workload()["spec"]["template"].get("metadata") or {}
+        value = (meta.get("annotations") or {}).get(api.ANN_RESTARTED_AT)
+        return str(value) if value is not None else None
+
+    def entry(self) -> dict[str, Any]:
+        status = self.h.get_hsec(self.ns, "app").get("status") or {}
+        (found,) = status.get("rolloutRestarts") or [{}]
+        return dict(found)
+
+    def polls_pass(self, n: int) -> None:
+        """Until ``n`` more polls were answered 304 (each one more chance to restart)."""
+        seen = self.h.standin.count(self.env, status=304)
+        wait_for(lambda: self.h.standin.count(self.env, status=304) >= seen + n, timeout=60,
+                 what=f"{n} more polls answered 304")
+
+    def rotate(self, tag: str) -> dict[str, str]:
+        value = self.h.canary.value(tag)
+        self.h.standin.set_secrets(self.env, {"API_KEY": value})
+        self.values = {**self.values, "API_KEY": value}
+        self.h.wait_data(self.ns, "app-secrets", self.values)
+        return self.values
+
+
+def test_one_restart_per_data_change_and_none_for_polls_repairs_or_force_syncs(
+        h: Harness, ns: str) -> None:
+    rollout = Rollout(h, ns)
+    rollout.polls_pass(4)
+    assert rollout.restarts() == 0 and rollout.restarted_at() is None
+
+    h.kube.delete(f"/api/v1/namespaces/{ns}/secrets/app-secrets")  # a repair: same bytes
+    h.wait_data(ns, "app-secrets", rollout.values)
+    h.kube.merge_patch(hsec_path(ns, "app"), {"metadata": {"annotations": {
+        api.ANN_FORCE_SYNC: "1"}}})
+    wait_for(lambda: (h.get_hsec(ns, "app").get("status") or {}).get("lastForceSync") == "1",
+             timeout=30, what="the force-sync to be honoured")
+    rollout.polls_pass(4)
+    assert rollout.restarts() == 0 and rollout.restarted_at() is None
+
+    rollout.rotate("first")
+    first = wait_for(rollout.restarted_at, timeout=30, what="the restart for the change")
+    rollout.polls_pass(4)
+    assert (rollout.restarts(), rollout.restarted_at()) == (1, first)
+    assert "pendingSince" not in rollout.entry() and rollout.entry()["lastRestart"]
+
+    rollout.rotate("second")
+    wait_for(lambda: rollout.restarted_at() != first, timeout=30, what="the second restart")
+    rollout.polls_pass(4)
+    assert rollout.restarts() == 2
+    assert any(e["reason"] == "RolloutRestarted" for e in h.events(ns, "app"))
+    h.wait_ready(ns, "app")
+
+
+def test_three_quick_rotations_are_one_restart(h: Harness, ns: str) -> None:
+    rollout = Rollout(h, ns, window="8s")
+    for tag in ("one", "two", "three"):
+        rollout.rotate(tag)  # each reaches the Secret (a poll of its own) before the next
+    wait_for(rollout.restarted_at, timeout=30, what="the restart for the three changes")
+    rollout.polls_pass(10)  # past another window
+    assert rollout.restarts() == 1
+
+
+def test_a_workload_not_reading_the_secret_is_warned_about_and_not_restarted(
+        h: Harness, ns: str) -> None:
+    rollout = Rollout(h, ns, reads="some-other-secret", window="0")
+    wait_for(lambda: [e for e in h.events(ns, "app")
+                      if e["type"] == "Warning" and e["reason"] == "RolloutRestartSkipped"],
+             timeout=30, what="a Warning Event about the workload")
+    assert "does not read Secret 'app-secrets'" in rollout.entry()["warning"]
+    rollout.rotate("ignored")
+    rollout.polls_pass(4)
+    assert rollout.restarts() == 0 and rollout.restarted_at() is None
+    h.wait_ready(ns, "app")
