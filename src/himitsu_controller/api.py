@@ -42,6 +42,8 @@ ANN_MANAGED_KEYS = "himitsu.io/managed-keys"
 ANN_FORCE_SYNC = "himitsu.io/force-sync"
 # On a workload's pod template: set to restart it, as `kubectl rollout restart` does.
 ANN_RESTARTED_AT = "himitsu.io/restartedAt"
+# Beside it: "<HimitsuSecret>=<dataMac>,..." the restart rolled out (sync.restarter).
+ANN_RESTARTED_FOR = "himitsu.io/restarted-for"
 # On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
 # token may be sent to (narrower than --allowed-api-urls, never wider).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"

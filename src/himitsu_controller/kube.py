@@ -331,11 +331,13 @@ class KubeClient:
                 return None
             raise _kube_error(exc, f"reading {kind} {name!r}") from None
 
-    def restart_workload(self, namespace: str, kind: str, name: str, *, at: str) -> None:
+    def restart_workload(
+        self, namespace: str, kind: str, name: str, *, annotations: Mapping[str, str],
+    ) -> None:
         """What ``kubectl rollout restart`` does, under our own annotation: a strategic
         merge patch of the pod template's annotations, so the workload's own strategy,
         PodDisruptionBudgets and readiness gates pace the rollout."""
-        body = {"spec": {"template": {"metadata": {"annotations": {api.ANN_RESTARTED_AT: at}}}}}
+        body = {"spec": {"template": {"metadata": {"annotations": dict(annotations)}}}}
         try:
             self._request("PATCH", WORKLOADS[kind].path(namespace, name), body=body,
                           content_type="application/strategic-merge-patch+json")

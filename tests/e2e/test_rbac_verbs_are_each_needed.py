@@ -359,7 +359,8 @@ CHECKS: dict[Grant, Callable[[Env, RecordingRest], bool]] = {
             env.namespace, kind, WORKLOAD)), kind) for kind in api.WORKLOAD_KINDS},
     **{("apps", f"{kind.lower()}s", "patch"): functools.partial(
         lambda kind, env, rest: succeeds(lambda: kube_client(rest).restart_workload(
-            env.namespace, kind, WORKLOAD, at="2026-12-01T12:00:00.000000Z")), kind)
+            env.namespace, kind, WORKLOAD,
+            annotations={api.ANN_RESTARTED_AT: "2026-12-01T12:00:00.000000Z"})), kind)
        for kind in api.WORKLOAD_KINDS},
     ("", "events", "create"): lambda env, rest: succeeds(
         lambda: kube_client(rest).record_event(

@@ -270,14 +270,15 @@ class FakeKube:
         self._maybe_fail("get_workload")
         return copy.deepcopy(self.workloads.get((namespace, kind, name)))
 
-    def restart_workload(self, namespace: str, kind: str, name: str, *, at: str) -> None:
+    def restart_workload(self, namespace: str, kind: str, name: str, *,
+                         annotations: Mapping[str, str]) -> None:
         self._maybe_fail("restart_workload")
         obj = self.workloads.get((namespace, kind, name))
         if obj is None:
             raise KubeError(f"restarting {kind} {name!r} failed: 404 NotFound", status=404)
         meta = obj["spec"]["template"].setdefault("metadata", {})
-        meta.setdefault("annotations", {})["himitsu.io/restartedAt"] = at
-        self.restarts.append((namespace, kind, name, at))
+        meta.setdefault("annotations", {}).update(annotations)
+        self.restarts.append((namespace, kind, name, annotations["himitsu.io/restartedAt"]))
 
     def record_event(
         self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from model_himitsu import Request
-from model_kube import HSEC, SECRET, Change, secret_errors
+from model_kube import DEPLOY, HSEC, SECRET, Change, secret_errors
+from model_rollout import RolloutOracle
 
 from himitsu_controller import api
 from himitsu_controller.sync import render
@@ -44,7 +45,8 @@ from himitsu_controller.sync import render
 if TYPE_CHECKING:
     from model_world import World
 
-CHECKS = frozenset({"foreign", "rendered", "removal", "fresh", "quiet", "wake", "settled"})
+CHECKS = frozenset({"foreign", "rendered", "removal", "fresh", "quiet", "wake", "settled",
+                    "restart"})
 FRESH = 5.0  # seconds: how old an answer a first sync or a repair may start from
 WAKE_SLACK = 1.0  # seconds: local pacing may hold a poll back this much
 NS = "apps"
@@ -118,6 +120,7 @@ class Oracle:
         self.floor: dict[str, tuple[str, int]] = {}  # key -> (env, version) a sync must reach
         self.quiet: dict[tuple[str, str], int] = {}  # (env id, token) -> version at restart
         self._deleted: list[str] = []
+        self.rollout = RolloutOracle(world, self.violation)  # ``restart``: model_rollout.py
 
     def violation(self, message: str) -> None:
         """Record a broken invariant; ``message`` starts with the check's name."""
@@ -229,6 +232,10 @@ class Oracle:
     def after_write(self, method: str, resource: str, namespace: str, name: str,
                     stored: dict[str, Any] | None) -> None:
         key, spec = self._current()
+        if resource == DEPLOY and method == "PATCH":
+            self.rollout.restarted(name)
+        elif resource == HSEC and stored is not None:
+            self.rollout.status_written(name, stored)
         if stored is None or spec is None:
             return
         if resource == SECRET and method in ("POST", "PUT"):

@@ -37,6 +37,7 @@ from himitsu_controller.runtime.rest import Resource
 
 SECRET = "secrets"
 HSEC = api.PLURAL
+DEPLOY = "deployments"  # apps/v1: read and patched by rollout restarts only
 Obj = dict[str, Any]
 _KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
 _NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -213,6 +214,18 @@ class ApiServer:
             return copy.deepcopy(current)
         return self._store(HSEC, namespace, name, current, obj)
 
+    def patch(self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj:
+        """A merge patch of the main resource (for the annotation maps a rollout restart
+        patches, what a strategic merge patch does too); the spec's generation moves."""
+        current = self.objects.get((resource, namespace, name))
+        if current is None:
+            raise status_error(404, "NotFound", f'{_kind(resource)} "{name}" not found')
+        obj = merge_patch(current, patch)
+        if obj == current:
+            return copy.deepcopy(current)
+        obj["metadata"]["generation"] = current["metadata"]["generation"] + 1
+        return self._store(resource, namespace, name, current, obj)
+
     def delete(self, resource: str, namespace: str, name: str, *,
                preconditions: Mapping[str, Any] | None = None) -> None:
         current = self.objects.get((resource, namespace, name))
@@ -260,6 +273,8 @@ class ApiServer:
 
 
 def _kind(resource: str) -> str:
+    if resource == DEPLOY:
+        return "deployments.apps"
     return "secrets" if resource == SECRET else f"{api.PLURAL}.{api.GROUP}"
 
 
@@ -276,6 +291,7 @@ class Auditor(Protocol):
 _SECRETS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/secrets(?:/(?P<name>[^/]+))?")
 _HSECS = re.compile(rf"/apis/{api.GROUP}/{api.VERSION}/namespaces/(?P<ns>[^/]+)/{api.PLURAL}"
                     r"(?:/(?P<name>[^/]+)(?P<status>/status)?)?")
+_DEPLOYS = re.compile(r"/apis/apps/v1/namespaces/(?P<ns>[^/]+)/deployments(?:/(?P<name>[^/]+))?")
 FAULTS = ("error", "unreachable", "lost")
 
 
@@ -305,6 +321,9 @@ class ModelRest:
         if match is None:
             match = _HSECS.fullmatch(path)
             resource = HSEC
+        if match is None:
+            match = _DEPLOYS.fullmatch(path)
+            resource = DEPLOY
         if match is None:
             raise ApiError(404, "NotFound", f"the server could not find the resource {path}")
         ns, name = match["ns"], match["name"]
@@ -340,6 +359,8 @@ class ModelRest:
             return self.server.update(resource, ns, name, body)
         if method == "PATCH" and status and resource == HSEC:
             return self.server.patch_status(ns, name, body)
+        if method == "PATCH" and resource == DEPLOY:  # a strategic merge patch of a map
+            return self.server.patch(DEPLOY, ns, name, body)
         if method == "DELETE" and not status:
             preconditions = (body or {}).get("preconditions")
             self.server.delete(resource, ns, name, preconditions=preconditions)

@@ -48,7 +48,8 @@ from hypothesis.stateful import (
 )
 from model_checks import CHECKS, Oracle
 from model_himitsu import WINDOW
-from model_kube import FAULTS, HSEC, SECRET
+from model_kube import DEPLOY, FAULTS, HSEC, SECRET
+from model_rollout import spec_fields, workload
 from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
 
 from himitsu_controller import api
@@ -142,10 +143,14 @@ class SyncModel(RuleBasedStateMachine):
 
     def _create(self, *spec: Any) -> None:
         slot, env, token, interval, policy, kind, fmt = spec
+        if self.world.server.get(DEPLOY, NS, f"w{slot}") is None:
+            self.world.server.create(DEPLOY, NS, workload(slot))
+        self.oracle.rollout.reset(f"h{slot}")
         obj = self.world.server.create(HSEC, NS, {
             "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": f"h{slot}"},
             "spec": {"apiUrl": API_URL, "projectId": PROJECT, "environmentId": ENVS[env],
                      "authSecretRef": {"name": token}, "refreshInterval": interval,
+                     **spec_fields(slot),
                      "target": {"name": f"t{slot}", "type": kind, "creationPolicy": policy,
                                 "template": {"format": fmt, "labels": {"team": "a"},
                                              "annotations": {"example.com/note": "x"}}}}})
@@ -320,6 +325,9 @@ class SyncModel(RuleBasedStateMachine):
             problems = [p for o in world.server.objects_of(HSEC)
                         if (p := world.oracle.sync_problem(o)) is not None]
             assert not problems, "settled: after a quiet period\n" + "\n".join(problems)
+        if "restart" in self.checks:
+            problems = world.oracle.rollout.settled_problems()
+            assert not problems, "\n".join(problems)
 
     # -- helpers ----------------------------------------------------------------------
 

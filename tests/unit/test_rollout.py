@@ -12,10 +12,10 @@ import itertools
 from typing import Any
 
 import pytest
-from fakes import FakeKube
+from fakes import FakeKube, b64
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reconcile_world import KEY, NAME, NS, TARGET, World, fetched, make_hsec, values
+from reconcile_world import KEY, NAME, NS, TARGET, TOKEN, World, fetched, make_hsec, values
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
@@ -78,7 +78,7 @@ def test_a_data_change_restarts_once_after_the_window_and_never_on_a_304() -> No
     assert world.ready()["status"] == "True"
     assert any(e.reason == "RolloutRestarted" for e in world.kube.events)
     for _ in range(5):
-        world.poll(himitsu.NotModified(6))
+        result = world.poll(himitsu.NotModified(6))
     assert len(restarts(world)) == 1
 
 
@@ -279,6 +279,35 @@ def test_a_change_written_just_before_a_crash_still_restarts() -> None:
     assert len(restarts(world)) == 1
 
 
+@pytest.mark.parametrize("operator_restarts", [False, True])
+def test_a_status_write_lost_after_a_restart_does_not_restart_again(
+        operator_restarts: bool) -> None:
+    """The restart was made, the status saying so was not written: asking again (this
+    process, or the next one after a crash) restarts nothing more."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    calls = world.kube.calls
+    original = world.kube.patch_status
+
+    def refuse_after_a_restart(namespace: str, name: str, status: dict[str, Any]) -> None:
+        if calls["restart_workload"] == 1 and not calls["refused"]:
+            calls["refused"] += 1
+            raise KubeError("status patch refused", status=500)
+        original(namespace, name, status)
+
+    world.kube.patch_status = refuse_after_a_restart  # type: ignore[method-assign]
+    result = world.poll(fetched(6, changed("b")))
+    assert len(restarts(world)) == 1
+    if operator_restarts:  # the record is on the Deployment, written with the restart
+        world.restart()
+        result = world.poll(himitsu.NotModified(6))
+    for _ in range(3):
+        result = wake(world, result) if result.requeue_after and result.requeue_after < 30 \
+            else world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1
+    assert "pendingSince" not in entry(world)
+
+
 def test_a_failing_himitsu_does_not_hold_back_an_owed_restart() -> None:
     world = rollout_world()
     world.sync(5)
@@ -322,6 +351,24 @@ def test_a_missing_workload_and_a_foreign_kind_are_reported_and_the_sync_is_read
     assert world.kube.restarts == [] and world.ready()["status"] == "True"
     assert {e.reason for e in world.kube.events if e.type == "Warning"} == {
         "RolloutRestartSkipped"}
+
+
+@pytest.mark.parametrize("operator_restarts", [False, True])
+def test_a_new_token_carries_the_record_over(operator_restarts: bool) -> None:
+    """A token replaced while the data changes: this process checks the record with the
+    old key and still restarts; a fresh process (which never saw the old token) takes
+    the data as the pods have it (the documented gap), and never restarts for nothing."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    world.kube.put_secret({"metadata": {"namespace": NS, "name": "other-token"},
+                           "data": {"token": b64(TOKEN.replace("Canary", "Other1"))}})
+    if operator_restarts:
+        world.restart()
+    world.edit_spec(authSecretRef={"name": "other-token"})
+    world.reconcile(fetched(6, changed("b")))
+    assert len(restarts(world)) == (0 if operator_restarts else 1)
+    world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == (0 if operator_restarts else 1)
 
 
 def test_status_holds_no_digest_of_the_data() -> None:
@@ -419,7 +466,7 @@ def test_scheduler_never_restarts_within_a_window_and_never_loses_a_claim(
     for _ in range(3):
         if digest == rolled:
             break
-        assert since is not None
+        since = clock.t if since is None else since  # a new claim, as the holder makes
         clock.t += WINDOW + 2.0
         out = restarter.claim(NS, "Deployment", "web", Claim(
             holder=KEY, secret=TARGET, digest=digest, since=since, window=WINDOW))

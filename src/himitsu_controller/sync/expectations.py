@@ -43,6 +43,9 @@ class Memory:
     # and the key its rollout record is MACed with (from the token): sync.rollout.
     digest: str | None = None
     mac_key: bytes | None = field(default=None, repr=False)
+    # The key and data of the last rollout step here: a record MACed under a token
+    # replaced since is still checked (sync.rollout).
+    rollout_seen: tuple[bytes, str] | None = field(default=None, repr=False)
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""

@@ -54,9 +54,11 @@ class Workloads(Protocol):
 
     def get_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         """The workload read directly (None: not found); KubeError when refused."""
-    def restart_workload(self, namespace: str, kind: str, name: str, *, at: str) -> None:
-        """Set ``spec.template.metadata.annotations["himitsu.io/restartedAt"]`` to ``at``
-        (a patch, as ``kubectl rollout restart``); KubeError when refused or not found."""
+    def restart_workload(
+        self, namespace: str, kind: str, name: str, *, annotations: Mapping[str, str],
+    ) -> None:
+        """Set these ``spec.template.metadata.annotations`` (``himitsu.io/restartedAt``: a
+        patch, as ``kubectl rollout restart``); KubeError when refused or not found."""
 
 
 class Kube(Workloads, Protocol):

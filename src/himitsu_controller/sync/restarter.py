@@ -10,6 +10,8 @@ that is open and is due no later than its own ``since + window``. When it is due
 reconcile that finds it so restarts the workload once for every claim, a patch of its
 pod template's ``himitsu.io/restartedAt`` annotation, and leaves each other claimant its
 outcome to collect on its own next reconcile (which its Result asked for at that time).
+An outcome is kept until the holder claims anew or lets go, so asking again (its status
+write failed) gets the same answer, not a second restart.
 
 Nothing sleeps or runs on its own: the reconciles drive it (``claim`` answers "wait until
 T", "done" or "failed, retry at T"), on whatever clock they are given.
@@ -18,6 +20,11 @@ Before patching, the workload is read: a missing one has nothing to restart (its
 once created, read the Secret as it is); one whose pod template reads none of the
 claimants' Secrets is not restarted (``sync.references``) unless a claim says ``force``.
 A refused patch keeps every claim and is retried with backoff (1 s doubling to 5 min).
+
+The patch also records, in ``himitsu.io/restarted-for`` beside ``restartedAt``, which
+data each claimant's restart rolled out (its MAC: ``sync.rollout``). That record and the
+restart are one write, so a claim found there is served without restarting again, even
+when the operator stopped between the patch and the claimant's status write.
 """
 
 from __future__ import annotations
@@ -26,21 +33,23 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from himitsu_controller import metrics
+from himitsu_controller import api, metrics
 from himitsu_controller.sync.ports import KubeError, Workloads
 from himitsu_controller.sync.references import secrets_read
 
 __all__ = ["Claim", "Outcome", "Restarter", "restarted_at"]
 
 RETRY_FIRST, RETRY_CAP = 1.0, 300.0
+MAX_SERVED = 32  # claimants remembered in himitsu.io/restarted-for (the latest)
 
 
 @dataclass(frozen=True)
 class Claim:
     holder: str  # the HimitsuSecret's key, namespace/name
     secret: str  # the target Secret it writes
-    digest: str = field(repr=False)  # of the data a restart now would roll out
+    digest: str  # the MAC of the data a restart now would roll out (sync.rollout)
     since: float  # epoch seconds: the change that opened the claim
     window: float  # the holder's minRestartInterval
     force: bool = False
@@ -55,7 +64,7 @@ class Outcome:
     state: str
     at: float
     result: str = ""
-    digest: str | None = field(default=None, repr=False)
+    digest: str | None = None
     message: str = ""
 
 
@@ -85,9 +94,14 @@ class Restarter:
         with self._lock:
             slot = self._slots.setdefault(key, _Slot())
         with slot.lock:
-            done = slot.done.pop(claim.holder, None)
+            done = slot.done.get(claim.holder)
             if done is not None:
-                self._drop_if_idle(key, slot)
+                # Served already. For the same data, asking again (the holder's status
+                # write failed, say) gets the same answer, never a second restart; for
+                # newer data the answer is given once, and the holder claims anew with
+                # the change's own window (``since`` now), as after any restart.
+                if done.digest != claim.digest:
+                    del slot.done[claim.holder]
                 return done
             previous = slot.claims.get(claim.holder)
             if previous is not None and previous.digest != claim.digest:
@@ -125,9 +139,10 @@ class Restarter:
                 self._drop_if_idle(key, slot)
 
     def pending(self) -> int:
-        """Workloads with a claim or an uncollected outcome (tests, leak checks)."""
+        """Claims not yet served (tests, leak checks)."""
         with self._lock:
-            return len(self._slots)
+            slots = list(self._slots.values())
+        return sum(len(slot.claims) for slot in slots)
 
     def _drop_if_idle(self, key: tuple[str, str, str], slot: _Slot) -> None:
         if not slot.claims and not slot.done:
@@ -149,13 +164,19 @@ class Restarter:
             else:
                 read = secrets_read(workload)
                 wanted = [c for c in claims if c.force or c.secret in read]
-                if wanted:
-                    self._workloads.restart_workload(namespace, kind, name,
-                                                     at=restarted_at(now))
+                served = _served(workload)
+                fresh = [c for c in wanted if served.get(_name(c.holder)) != c.digest]
+                if fresh:
+                    served.update({_name(c.holder): c.digest for c in wanted})
+                    self._workloads.restart_workload(namespace, kind, name, annotations={
+                        api.ANN_RESTARTED_AT: restarted_at(now),
+                        api.ANN_RESTARTED_FOR: ",".join(
+                            f"{k}={v}" for k, v in list(served.items())[-MAX_SERVED:])})
                     metrics.count_rollout("restarted")
-                    metrics.count_rollout("coalesced", len(wanted) - 1)
+                    metrics.count_rollout("coalesced", len(fresh) - 1)
+                at = now if fresh else _restarted(workload, now)
                 outcomes = {c.holder: Outcome(
-                    "done", now, "restarted" if c.holder == holder else "coalesced", c.digest,
+                    "done", at, "restarted" if c.holder == holder else "coalesced", c.digest,
                 ) for c in wanted}
                 skipped = [c for c in claims if c not in wanted]
                 metrics.count_rollout("skipped_unreferenced", len(skipped))
@@ -173,10 +194,26 @@ class Restarter:
                                    "with backoff")
         slot.claims.clear()
         slot.failures, slot.retry_at = 0, 0.0
-        mine = outcomes.pop(holder)
         slot.done.update(outcomes)
-        self._drop_if_idle(key, slot)
-        return mine
+        return outcomes[holder]
+
+
+def _name(holder: str) -> str:
+    return holder.partition("/")[2]
+
+
+def _served(workload: dict[str, Any]) -> dict[str, str]:
+    """``himitsu.io/restarted-for`` of the pod template: HimitsuSecret -> data MAC."""
+    meta = ((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    raw = str((meta.get("annotations") or {}).get(api.ANN_RESTARTED_FOR) or "")
+    pairs = (item.partition("=") for item in raw.split(",") if "=" in item)
+    return {k: v for k, _, v in pairs}
+
+
+def _restarted(workload: dict[str, Any], default: float) -> float:
+    meta = ((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    when = api.parse_time(str((meta.get("annotations") or {}).get(api.ANN_RESTARTED_AT) or ""))
+    return when.timestamp() if when is not None else default
 
 
 def unreferenced(kind: str, name: str, secret: str) -> str:

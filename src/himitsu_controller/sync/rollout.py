@@ -18,8 +18,9 @@ have (``rolloutRestartOnCreate`` makes a HimitsuSecret's first sync owe a restar
 The MAC is keyed by the token (HMAC-SHA256 of the data digest, keyed with a hash of
 the token): status is readable by whoever may read HimitsuSecrets, and a plain digest
 there would let them confirm guesses of a Secret they cannot read. When the token
-changes, the record cannot be checked: it is taken as matching (no restart) unless a
-restart was owed already.
+changes, this process checks the record with the old token's key (it remembers the key
+and data of its last look) and carries it over; a process that never saw the old token
+cannot, and takes the record as matching (no restart) unless a restart was owed already.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def pending(obj: Mapping[str, Any]) -> bool:
         isinstance(e, Mapping) and e.get("pendingSince") for e in entries)
 
 
+def _rekeyed(entry: Mapping[str, Any], seen: tuple[bytes, str] | None, key: bytes, *,
+             current: str) -> str:
+    """The record under the new token's ``key``: checked with the old key and data when
+    this process saw them; else the data as it is (``""``: owed, if it was owed)."""
+    if seen is not None and entry.get("keyId") == _key_id(seen[0]):
+        return _mac(key, seen[1]) if entry.get("dataMac") == _mac(*seen) else ""
+    return "" if entry.get("pendingSince") else current
+
+
 class Rollouts:
     def __init__(self, kube: Kube, status: StatusWriter, *, now: Callable[[], float]) -> None:
         self._kube = kube
@@ -90,10 +100,11 @@ class Rollouts:
             return None
         old = {(str(e.get("kind")), str(e.get("name"))): e for e in previous}
         entries, wakes = [], []
+        seen, mem.rollout_seen = mem.rollout_seen, (mem.mac_key, mem.digest)
         for target in targets:
             entry = dict(old.get((target.kind, target.name)) or
                          {"kind": target.kind, "name": target.name})
-            wake = self._settle(key, spec, target, entry, mem,
+            wake = self._settle(key, spec, target, entry, mem, seen=seen,
                                 first_sync=first_sync, recheck=recheck)
             if wake is not None:
                 wakes.append(wake)
@@ -103,8 +114,8 @@ class Rollouts:
         self._status.rollouts(key, obj, entries)
         return min(wakes) if wakes else None
 
-    def _settle(self, key: str, spec: api.Spec,
-                target: api.RolloutTarget, entry: dict[str, Any], mem: Memory, *,
+    def _settle(self, key: str, spec: api.Spec, target: api.RolloutTarget,
+                entry: dict[str, Any], mem: Memory, *, seen: tuple[bytes, str] | None,
                 first_sync: bool, recheck: bool) -> float | None:
         assert mem.digest is not None and mem.mac_key is not None
         namespace = key.partition("/")[0]
@@ -119,8 +130,8 @@ class Rollouts:
         if "dataMac" not in entry:  # a new entry: the pods have what the target holds
             entry["dataMac"] = "" if first_sync and spec.rollout.on_create else mac
             recheck = True
-        elif entry.get("keyId") != key_id:  # another token: the record cannot be checked
-            entry["dataMac"] = "" if entry.get("pendingSince") else mac
+        elif entry.get("keyId") != key_id:  # another token
+            entry["dataMac"] = _rekeyed(entry, seen, mem.mac_key, current=mac)
         entry["keyId"] = key_id
         if recheck:
             self._check(namespace, target, spec.target.name, entry)
@@ -132,14 +143,14 @@ class Rollouts:
         for _ in range(2):  # once more when the data changed again after a restart
             since = api.parse_time(str(entry["pendingSince"]))
             outcome = self.restarter.claim(namespace, target.kind, target.name, Claim(
-                holder=key, secret=spec.target.name, digest=mem.digest,
+                holder=key, secret=spec.target.name, digest=mac,
                 since=since.timestamp() if since else now,
                 window=spec.rollout.min_interval, force=target.force))
             if outcome.state != "done":
                 if outcome.message:
                     entry["warning"] = bounded(outcome.message)
                 return outcome.at
-            self._done(entry, outcome, mem.mac_key)
+            self._done(entry, outcome)
             if entry["dataMac"] == mac:
                 entry.pop("pendingSince", None)
                 return None
@@ -147,8 +158,8 @@ class Rollouts:
         return now
 
     @staticmethod
-    def _done(entry: dict[str, Any], outcome: Outcome, key: bytes) -> None:
-        entry["dataMac"] = _mac(key, outcome.digest or "")
+    def _done(entry: dict[str, Any], outcome: Outcome) -> None:
+        entry["dataMac"] = outcome.digest or ""
         if outcome.result in ("restarted", "coalesced"):
             entry["lastRestart"] = _stamp(outcome.at)
             entry.pop("warning", None)
