@@ -87,44 +87,49 @@ class Restarter:
         self._workloads = workloads
         self._now = now
         self._slots: dict[tuple[str, str, str], _Slot] = {}
+        self._by_holder: dict[str, set[tuple[str, str, str]]] = {}  # the slots it is in
         self._lock = threading.Lock()
 
     def claim(self, namespace: str, kind: str, name: str, claim: Claim) -> Outcome:
         key = (namespace, kind, name)
-        with self._lock:
-            slot = self._slots.setdefault(key, _Slot())
-        with slot.lock:
-            done = slot.done.get(claim.holder)
-            if done is not None:
-                # Served already. For the same data, asking again (the holder's status
-                # write failed, say) gets the same answer, never a second restart; for
-                # newer data the answer is given once, and the holder claims anew with
-                # the change's own window (``since`` now), as after any restart.
-                if done.digest != claim.digest:
-                    del slot.done[claim.holder]
-                return done
-            previous = slot.claims.get(claim.holder)
-            if previous is not None and previous.digest != claim.digest:
-                metrics.count_rollout("coalesced")  # a further change, batched
-            slot.claims[claim.holder] = claim
-            due = min(c.since + c.window for c in slot.claims.values())
-            at = max(due, slot.retry_at)
-            now = self._now()
-            if now < at:
-                return Outcome("failed" if slot.failures else "waiting", at)
-            return self._restart(key, slot, claim.holder, now)
+        while True:
+            with self._lock:
+                slot = self._slots.setdefault(key, _Slot())
+                self._by_holder.setdefault(claim.holder, set()).add(key)
+            with slot.lock:
+                if self._slots.get(key) is slot:  # not dropped while we waited for it
+                    return self._claim(key, slot, claim)
+
+    def _claim(self, key: tuple[str, str, str], slot: _Slot, claim: Claim) -> Outcome:
+        done = slot.done.get(claim.holder)
+        if done is not None:
+            # Served already. For the same data, asking again (the holder's status
+            # write failed, say) gets the same answer, never a second restart; for
+            # newer data the answer is given once, and the holder claims anew with
+            # the change's own window (``since`` now), as after any restart.
+            if done.digest != claim.digest:
+                del slot.done[claim.holder]
+                self._drop_if_idle(key, slot, claim.holder)
+            return done
+        previous = slot.claims.get(claim.holder)
+        if previous is not None and previous.digest != claim.digest:
+            metrics.count_rollout("coalesced")  # a further change, batched
+        slot.claims[claim.holder] = claim
+        due = min(c.since + c.window for c in slot.claims.values())
+        at = max(due, slot.retry_at)
+        now = self._now()
+        if now < at:
+            return Outcome("failed" if slot.failures else "waiting", at)
+        return self._restart(key, slot, claim.holder, now)
 
     def release(self, holder: str, *, keep: frozenset[tuple[str, str, str]] = frozenset(),
                 ) -> None:
         """``holder`` no longer names these workloads (deleted, or its spec changed):
-        its claims and uncollected outcomes go, except on the workloads in ``keep``."""
+        its claims and outcomes go, except on the workloads in ``keep``."""
         with self._lock:
-            slots = [(k, s) for k, s in self._slots.items() if k not in keep]
-        for key, slot in slots:
-            with slot.lock:
-                slot.claims.pop(holder, None)
-                slot.done.pop(holder, None)
-                self._drop_if_idle(key, slot)
+            keys = [k for k in self._by_holder.get(holder, ()) if k not in keep]
+        for key in keys:
+            self.withdraw(*key, holder)
 
     def withdraw(self, namespace: str, kind: str, name: str, holder: str) -> None:
         """``holder`` owes this workload nothing any more (its data went back to what the
@@ -136,7 +141,7 @@ class Restarter:
             with slot.lock:
                 slot.claims.pop(holder, None)
                 slot.done.pop(holder, None)
-                self._drop_if_idle(key, slot)
+                self._drop_if_idle(key, slot, holder)
 
     def pending(self) -> int:
         """Claims not yet served (tests, leak checks)."""
@@ -144,11 +149,16 @@ class Restarter:
             slots = list(self._slots.values())
         return sum(len(slot.claims) for slot in slots)
 
-    def _drop_if_idle(self, key: tuple[str, str, str], slot: _Slot) -> None:
-        if not slot.claims and not slot.done:
-            with self._lock:
-                if self._slots.get(key) is slot:
-                    del self._slots[key]
+    def _drop_if_idle(self, key: tuple[str, str, str], slot: _Slot, holder: str) -> None:
+        """Called with ``slot.lock`` held, once ``holder`` may have left it."""
+        with self._lock:
+            if holder not in slot.claims and holder not in slot.done:
+                held = self._by_holder.get(holder, set())
+                held.discard(key)
+                if not held:
+                    self._by_holder.pop(holder, None)
+            if not slot.claims and not slot.done and self._slots.get(key) is slot:
+                del self._slots[key]
 
     def _restart(self, key: tuple[str, str, str], slot: _Slot, holder: str, now: float,
                  ) -> Outcome:

@@ -113,8 +113,13 @@ class StatusWriter:
 
     def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``status.rolloutRestarts`` as we last wrote it (``sync.rollout``'s record)."""
-        entries = self._current(key, obj).get("rolloutRestarts")
-        return [dict(e) for e in entries if isinstance(e, Mapping)] \
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        with self._lock:  # no copy of the whole status: every reconcile asks
+            remembered = self._written.get(key)
+        status = remembered[1] if remembered is not None and remembered[0] == uid \
+            else obj.get("status")
+        entries = status.get("rolloutRestarts") if isinstance(status, Mapping) else None
+        return [copy.deepcopy(dict(e)) for e in entries if isinstance(e, Mapping)] \
             if isinstance(entries, list) else []
 
     def rollouts(self, key: str, obj: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
