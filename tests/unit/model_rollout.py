@@ -1,5 +1,6 @@
-"""The model's restart oracle (issue 16): each HimitsuSecret ``h<slot>`` names Deployment
-``w<slot>``, whose pods read its target ``t<slot>``.
+"""The model's restart oracle (issue 16): the HimitsuSecrets of even slots ``h<slot>`` name
+Deployment ``w<slot>``, whose pods read the target ``t<slot>`` (half of them: what the
+model costs stays within its time budget, and the others prove nothing changes without).
 
 The oracle keeps the data ``w<slot>``'s pods were last started with: the rendering the
 target held when the HimitsuSecret's rolloutRestarts entry was first recorded (the
@@ -37,6 +38,8 @@ def workload(slot: int) -> dict[str, Any]:
 
 
 def spec_fields(slot: int) -> dict[str, Any]:
+    if slot % 2:
+        return {}
     return {"rolloutRestartTargets": [{"kind": "Deployment", "name": f"w{slot}"}],
             "minRestartInterval": WINDOW}
 

@@ -143,7 +143,7 @@ class SyncModel(RuleBasedStateMachine):
 
     def _create(self, *spec: Any) -> None:
         slot, env, token, interval, policy, kind, fmt = spec
-        if self.world.server.get(DEPLOY, NS, f"w{slot}") is None:
+        if slot % 2 == 0 and self.world.server.get(DEPLOY, NS, f"w{slot}") is None:
             self.world.server.create(DEPLOY, NS, workload(slot))
         self.oracle.rollout.reset(f"h{slot}")
         obj = self.world.server.create(HSEC, NS, {
