@@ -116,10 +116,13 @@ class StatusWriter:
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         with self._lock:  # no copy of the whole status: every reconcile asks
             remembered = self._written.get(key)
-        status = remembered[1] if remembered is not None and remembered[0] == uid \
-            else obj.get("status")
+        if remembered is not None and remembered[0] == uid:
+            # Packed flat only when it holds nothing but our plain fields (``_pack``).
+            status = remembered[1] if len(remembered) == 2 else None
+        else:
+            status = obj.get("status")
         entries = status.get("rolloutRestarts") if isinstance(status, Mapping) else None
-        return [copy.deepcopy(dict(e)) for e in entries if isinstance(e, Mapping)] \
+        return [dict(e) for e in entries if isinstance(e, Mapping)] \
             if isinstance(entries, list) else []
 
     def rollouts(self, key: str, obj: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
