@@ -197,6 +197,36 @@ def test_an_object_the_transform_fails_on_is_not_cached_whole(
                and e["name"] == "bad" for e in logs)
 
 
+def test_a_watch_event_the_transform_fails_on_drops_the_cached_object_as_a_deletion(
+        server: FakeApiServer, run: Callable[..., tuple[Informer, Seen]]) -> None:
+    # As on the list path, an object the transform refuses is not cached: neither is the
+    # version cached before (a MODIFIED), nor does a refused DELETED keep it; handlers
+    # hear of it as a deletion (of what they were last given), never of the raw object.
+    put(server, "a")
+    put(server, "b")
+
+    def picky(obj: dict[str, Any]) -> dict[str, Any]:
+        if (obj.get("data") or {}).get("v") == "bad":
+            raise ValueError("cannot reduce")
+        return reduce(obj)
+
+    informer, seen = run(transform=picky)
+    session = synced(server, informer)
+    listed = {key: informer.store.get(key) for key in ("ns/a", "ns/b")}
+    session.send({"type": "MODIFIED", "object": put(server, "a", "bad")})
+    put(server, "b", "bad")
+    session.send({"type": "DELETED", "object": server.remove("b")})
+    put(server, "never-cached", "bad")
+    session.send({"type": "DELETED", "object": server.remove("never-cached")})
+    session.send({"type": "ADDED", "object": put(server, "c")})
+    assert wait_until(lambda: informer.store.get("ns/c") is not None)
+    assert informer.store.keys() == ["ns/c"]
+    after_list = seen.handled[2:]
+    assert after_list[:2] == [("delete", listed["ns/a"]), ("delete", listed["ns/b"])]
+    assert [kind for kind, _ in after_list[2:]] == ["add"]
+    assert_reduced(informer, seen)
+
+
 def test_drop_managed_fields_leaves_the_rest() -> None:
     obj = {"metadata": {"name": "a", "managedFields": MANAGED_FIELDS}, "data": {"v": "x"}}
     assert drop_managed_fields(obj) == {"metadata": {"name": "a"}, "data": {"v": "x"}}

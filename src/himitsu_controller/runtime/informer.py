@@ -32,7 +32,8 @@ relist-on-410 diff. A controller needs the reflector's guarantees:
   connection starts that clock over.
 
 Every object is reduced by the informer's transform (``transform``: managedFields always
-go) before it is cached or handed to a handler, on the list and the watch path alike.
+go) before it is cached or handed to a handler, on the list and the watch path alike;
+one it fails on is not cached, and an earlier version of it goes as if deleted.
 Handlers run on the informer thread, in event order; a failing handler is logged and
 the informer carries on. On a relist an object whose resourceVersion did not change is
 not re-announced (client-go's resync-on-relist is what the workqueue's timed requeues
@@ -341,12 +342,18 @@ class Informer:
         if kind == "BOOKMARK":  # a resourceVersion, never an object to cache
             self._rv = rv or self._rv
             return
+        key = object_key(obj)  # of the object as it came: the transform may fail on it
         kept = apply(self._transform, obj, informer=self.name, shared=self._shared)
         if kept is None:
+            # Not kept at all, as on the list path: nor is an earlier version of it, which
+            # would outlive this change (or this deletion) with no handler hearing of it.
+            with self._dispatch_lock:
+                old = self.store.delete(key)
+                if old is not None:
+                    self._dispatch("delete", old)
             self._rv = rv or self._rv
             return
         obj = kept
-        key = object_key(obj)
         with self._dispatch_lock:
             if kind == "DELETED":
                 self.store.delete(key)
