@@ -47,6 +47,12 @@ ANN_RESTARTED_FOR = "himitsu.io/restarted-for"
 # On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
 # token may be sent to (narrower than --allowed-api-urls, never wider).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
+# kubectl's record of the last ``kubectl apply`` (the whole manifest, values included).
+ANN_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Annotations the informers drop from what they cache (``sync.summary``), so a template
+# may not set them: the operator would never see its own stamp on a cached target, and
+# take it for pruned at every poll (a full fetch and a read of the target each time).
+DROPPED_ANNOTATIONS = frozenset({ANN_LAST_APPLIED})
 
 # Template keys the operator refuses: its own stamps and a token Secret's binding live
 # under himitsu.io/ (so does managed-by's say on who created a Secret). A HimitsuSecret
@@ -485,6 +491,11 @@ def _annotations(value: Any) -> dict[str, str]:
             raise InvalidSpec(
                 f"target.template.annotations key {_show(key)} is not a valid annotation key")
         _refuse_reserved(key, "target.template.annotations")
+        if key in DROPPED_ANNOTATIONS:
+            raise InvalidSpec(
+                f"target.template.annotations key {_show(key)} is kubectl's own record of "
+                "the last kubectl apply: a template may not set it (it would mislead the "
+                "next kubectl apply of the Secret)")
     size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
     if size > MAX_ANNOTATIONS_BYTES:
         raise InvalidSpec("target.template.annotations exceed Kubernetes' 256 KiB limit")

@@ -10,7 +10,7 @@ import pytest
 from dotenv import dotenv_values
 
 from .harness import Harness
-from .kubehelp import KubeApi, kubectl, rv, wait_for
+from .kubehelp import KubeApi, hsec_path, kubectl, rv, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
 
@@ -86,6 +86,23 @@ def test_key_outside_the_allowed_set_is_invalid_spec_and_keeps_the_secret(
 
     obj = h.wait_ready(ns, sync.name, reason="InvalidSpec")
     assert "path/to:key" in obj["status"]["conditions"][0]["message"]
+    assert kube.secret(ns, sync.target) == before, "the existing Secret was changed"
+
+
+def test_a_template_faking_kubectl_s_last_applied_annotation_is_invalid_spec_and_keeps_the_secret(
+        h: Harness, ns: str, kube: KubeApi) -> None:
+    # kubectl's own record of the last apply: a template may not set it (it would mislead
+    # the next kubectl apply, and the operator's cache drops it, so the stamp would look
+    # pruned at every poll).
+    last_applied = "kubectl.kubernetes.io/last-applied-configuration"
+    sync = h.sync(ns, "API_KEY", refresh="2s")
+    before = h.wait_data(ns, sync.target, sync.values)
+
+    kube.merge_patch(hsec_path(ns, sync.name), {"spec": {"target": {"template": {
+        "annotations": {last_applied: '{"kind":"Secret"}'}}}}})
+
+    obj = h.wait_ready(ns, sync.name, reason="InvalidSpec")
+    assert last_applied in obj["status"]["conditions"][0]["message"]
     assert kube.secret(ns, sync.target) == before, "the existing Secret was changed"
 
 

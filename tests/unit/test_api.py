@@ -258,6 +258,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "target.template.labels key 'app.kubernetes.io/managed-by' is reserved"),
     ("reserved subdomain", make_obj(target={"name": "t", "template": {"labels": {
         "a.himitsu.io/k": "v"}}}), "is reserved"),
+    ("kubectl's last-applied annotation", make_obj(target={"name": "t", "template": {
+        "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}}}),
+     "target.template.annotations key 'kubectl.kubernetes.io/last-applied-configuration' "
+     "is kubectl's own record"),
     ("annotations too big",
      make_obj(target={"name": "t", "template": {"annotations": {"k": "v" * 262_144}}}),
      "256 KiB"),

@@ -1,23 +1,26 @@
 """The Secret informer keeps summaries: no value of any Secret stays in memory.
 
 What is proven: a summary (and the Secret informer's store, list and watch alike) holds
-no value, neither from ``data`` nor from kubectl's last-applied annotation; its digests
-tell a hand edit of a value from an intact target; a write reads its target afresh
-(one GET per write, none for a poll that writes nothing) and builds on the whole Secret,
-so a Merge target keeps its foreign keys; and after syncs and repairs the reconciler
-remembers no value either.
+no value, neither from ``data`` nor from kubectl's last-applied annotation; its digest
+tells a hand edit of a value from an intact target, across restarts too, yet reveals no
+value of a Merge target's foreign keys (it covers none of them, and is keyed anyway); a
+write reads its target afresh (one GET per write, none for a poll that writes nothing)
+and builds on the whole Secret, so a Merge target keeps its foreign keys; and after
+syncs and repairs the reconciler remembers no value either.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
 
+import pytest
 from fake_apiserver import FakeApiServer
 from fakes import b64
 from kubernetes import client as k8s
-from reconcile_world import CANARY, NS, TARGET, World, fetched, merge_world, values
+from reconcile_world import CANARY, NS, TARGET, World, fetched, make_hsec, merge_world, values
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.runtime.informer import Informer
@@ -52,13 +55,67 @@ def test_a_summary_holds_no_value_only_keys_and_digests() -> None:
     assert not holds(json.dumps(kept), CANARY)
     assert summary.is_summary(kept) and "data" not in kept
     assert summary.keys_of(kept) == ["A", "B"]
-    assert kept[summary.DIGEST]["all"] == data_hash(secret["data"])
-    assert kept[summary.DIGEST]["managed"] == data_hash({"A": secret["data"]["A"]})
+    assert summary.holds_hash(kept, ["A"], data_hash({"A": secret["data"]["A"]}))
+    assert not summary.holds_hash(kept, ["A"], data_hash({"A": b64("other")}))
     meta = kept["metadata"]
     assert (meta["name"], meta["namespace"], meta["uid"], meta["resourceVersion"]) == (
         "s", NS, "u", "7")
     assert meta["annotations"] == {api.ANN_MANAGED_KEYS: "A"}
     assert kept["type"] == "Opaque"
+
+
+def merge_target(pin: str) -> dict[str, Any]:
+    """A Merge target holding our key OURS and someone else's short PIN."""
+    return {"metadata": {"name": "s", "namespace": NS, "resourceVersion": "1",
+                         "annotations": {api.ANN_OWNED_BY: "app-config",
+                                         api.ANN_MANAGED_KEYS: "OURS",
+                                         api.ANN_DATA_HASH: data_hash({"OURS": "eA=="})}},
+            "data": {"PIN": b64(pin), "OURS": "eA=="}}
+
+
+def strings_of(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        return set().union(*(strings_of(v) for v in value.values()), set(map(str, value)))
+    if isinstance(value, list):
+        return set().union(*(strings_of(v) for v in value))
+    return {str(value)}
+
+
+def test_a_merge_target_s_foreign_low_entropy_value_is_not_recoverable_from_its_summary(
+        ) -> None:
+    # Every 4-digit PIN tried against every string the summary holds, as any digest
+    # over the foreign value would be found (alone, or with our key's value).
+    pin = "4821"
+    held = strings_of(summary.secret(merge_target(pin)))
+
+    def digests(guess: str) -> set[str]:
+        value = b64(guess)
+        return {data_hash({"PIN": value, "OURS": "eA=="}),
+                data_hash({"PIN": value})}
+
+    assert [g for g in (f"{i:04d}" for i in range(10_000)) if digests(g) & held] == []
+
+
+def test_a_merge_target_s_summary_does_not_depend_on_its_foreign_values() -> None:
+    # Nothing of a foreign value is digested at all, keyed or not: two PINs, one summary.
+    assert summary.secret(merge_target("4821")) == summary.secret(merge_target("1234"))
+    kept = summary.secret(merge_target("4821"))
+    assert summary.holds_hash(kept, ["OURS"], data_hash({"OURS": "eA=="}))
+    assert not summary.holds_hash(kept, ["OURS", "PIN"], data_hash({"OURS": "eA=="}))
+
+
+def test_a_summary_made_under_another_process_s_key_still_matches_the_recorded_hash(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The data-hash annotation a target carries was written by some earlier process:
+    # it stays comparable whatever key this one drew.
+    secret = merge_target("4821")
+    recorded = secret["metadata"]["annotations"][api.ANN_DATA_HASH]
+    before = summary.secret(json.loads(json.dumps(secret)))
+    monkeypatch.setattr(summary, "_KEY", os.urandom(32))
+    after = summary.secret(json.loads(json.dumps(secret)))
+    assert before[summary.DIGEST] != after[summary.DIGEST]  # keyed: per process
+    assert summary.holds_hash(after, ["OURS"], recorded)
+    assert not summary.holds_hash(after, ["OURS"], data_hash({"OURS": "eQ=="}))
 
 
 def test_the_secret_informer_store_holds_no_value_after_list_and_watch(
@@ -138,6 +195,26 @@ def test_a_value_edited_while_the_operator_was_down_is_repaired() -> None:
     world.reconcile(fetched(5))
     assert world.fetcher.known_versions[-1] is None  # a full fetch, not a 304 on bad data
     assert world.data() == values()
+
+
+@pytest.mark.parametrize("policy", api.POLICIES)
+@pytest.mark.parametrize("key", [summary.LAST_APPLIED, "kubectl.kubernetes.io/restartedAt",
+                                 "example.com/owner"])
+def test_a_target_written_for_any_template_accepted_is_intact_as_the_cache_shows_it(
+        policy: str, key: str) -> None:
+    # A template annotation the cache dropped would never be seen stamped: the target
+    # would look pruned at every poll (a full fetch, values on the wire, and a GET).
+    # So a template may not ask for one: it is refused, naming the key.
+    hsec = make_hsec(policy=policy, template={"annotations": {key: '{"kind":"Secret"}'}})
+    try:
+        spec = api.parse_spec(hsec)
+    except api.InvalidSpec as exc:
+        assert key in api.DROPPED_ANNOTATIONS and repr(key) in str(exc)
+        return
+    owner = targets.Owner(namespace=NS, name="app-config", uid="u")
+    written = targets.desired_secret(None, owner=owner, spec=spec,
+                                     rendered={"A": b64("a")}, version=3)
+    assert targets.is_consistent(summary.secret(written), owner=owner, spec=spec, version=3)
 
 
 def test_a_poll_that_writes_nothing_reads_no_secret_and_a_write_reads_one() -> None:

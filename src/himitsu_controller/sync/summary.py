@@ -7,19 +7,31 @@ anything: whether a target still holds what we wrote is a comparison of digests,
 values matter only to a write built on top of the target (a Merge target's foreign keys,
 the old Secret a type change puts back), which reads the Secret afresh at that moment
 (``writes.write``). So the Secret informer keeps a *summary*: the metadata the reconcile
-reads, the type, and instead of ``data`` its sorted keys and two digests
-(``render.data_hash``): of all of it, and of the keys the Secret's own
-``himitsu.io/managed-keys`` names (a Merge target's part). ``targets`` reads summaries
-and whole Secrets alike; a summary is never the base of a write.
+reads (no ``api.DROPPED_ANNOTATIONS``), the type, and instead of ``data`` its sorted keys
+and one digest of the values that are the operator's: those of the keys the Secret's own
+``himitsu.io/managed-keys`` names (a Merge target's part), or every one of a Secret it
+wrote as Owner (``himitsu.io/owned-by``, no managed-keys record). Of a Secret holding only
+someone else's values (a Merge target's foreign keys, a Secret not yet ours) nothing is
+digested. ``targets`` reads summaries and whole Secrets alike; a summary is never the base
+of a write.
+
+The digest is keyed: HMAC-SHA256, under a key drawn at random for this process, of the
+``render.data_hash`` the ``himitsu.io/data-hash`` annotation records (that one stays
+comparable across restarts). A digest a heap dump or a debugger shows cannot be tried
+against guesses of a short value without the key; a summary is compared with the
+annotation by keying the annotation (``holds_hash``).
 
 The HimitsuSecret informer keeps its spec and status whole and of its metadata what the
-reconcile reads (no labels, no creationTimestamp, no last-applied annotation; the
+reconcile reads (no labels, no creationTimestamp, no dropped annotation; the
 runtime drops managedFields of every informer). Both share the strings that repeat from
 object to object (``SHARED``: the runtime interns those fields' values, and every key).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
@@ -27,17 +39,20 @@ from typing import Any, TypeGuard
 from himitsu_controller import api
 from himitsu_controller.sync.render import data_hash
 
-__all__ = ["DIGEST", "SHARED", "hash_over", "himitsu_secret", "is_summary", "keys_of", "secret"]
+__all__ = ["DIGEST", "SHARED", "himitsu_secret", "holds_hash", "is_summary", "keys_of",
+           "secret"]
 
 # The field a summary holds instead of ``data`` (no Kubernetes object has it).
 DIGEST = "himitsu.io/data-digest"
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+LAST_APPLIED = api.ANN_LAST_APPLIED
+# This process's digest key: no digest outlives it, none is compared across processes.
+_KEY = secrets.token_bytes(32)
 # Fields whose values many cached objects hold alike: a source's fields, our stamps, the
 # Ready condition's words, the digests of data that many targets hold.
 SHARED = frozenset({
     "apiVersion", "kind", "namespace", "type", "apiUrl", "projectId", "environmentId",
     "refreshInterval", "creationPolicy", "format", "key", "status", "reason",
-    "lastSyncTime", "lastTransitionTime", "all", "managed", api.LABEL_MANAGED,
+    "lastSyncTime", "lastTransitionTime", "ours", api.LABEL_MANAGED,
     api.LABEL_MANAGED_BY, api.ANN_PROJECT_ID, api.ANN_ENVIRONMENT_ID, api.ANN_CONFIG_VERSION,
     api.ANN_SOURCE, api.ANN_DATA_HASH, api.ANN_MANAGED_KEYS,
 })
@@ -52,22 +67,20 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     kept = {k: meta[k] for k in _SECRET_METADATA if k in meta}
-    annotations = _without_last_applied(meta.get("annotations"))
+    annotations = _without_dropped(meta.get("annotations"))
     if annotations is not None:
         kept["annotations"] = annotations
     raw = obj.get("data")
     data: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
-    managed = annotations.get(api.ANN_MANAGED_KEYS, "") if annotations else ""
-    ours = {k: data[k] for k in {k for k in str(managed).split(",") if k} if k in data}
-    digest_all = data_hash(data)
-    digest_ours = data_hash(ours)
+    keys = sorted(data)
+    digested = _digested_keys(annotations or {}, keys)
     summary: dict[str, Any] = {
         "apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Secret"),
         "metadata": kept, "type": obj.get("type", "Opaque"),
         # One string (data keys hold no ","), shared by every target with the same keys.
-        DIGEST: {"keys": sys.intern(",".join(sorted(str(k) for k in data))), "all": digest_all,
-                 # one string when both are the same (an Owner target: no managed keys)
-                 "managed": digest_all if digest_ours == digest_all else digest_ours},
+        DIGEST: {"keys": sys.intern(",".join(str(k) for k in keys)),
+                 "ours": None if digested is None else _keyed(
+                     data_hash({k: data[k] for k in digested if k in data}))},
     }
     return summary
 
@@ -77,7 +90,7 @@ def himitsu_secret(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         kept = {k: meta[k] for k in _HSEC_METADATA if k in meta}
-        annotations = _without_last_applied(meta.get("annotations"))
+        annotations = _without_dropped(meta.get("annotations"))
         if annotations is not None:
             kept["annotations"] = annotations
         obj["metadata"] = kept
@@ -96,26 +109,35 @@ def keys_of(obj: Mapping[str, Any]) -> list[str]:
     return sorted((obj.get("data") or {}).keys())
 
 
-def hash_over(obj: Mapping[str, Any], keys: Sequence[str]) -> str | None:
-    """``render.data_hash`` of the ``keys`` of ``obj`` that it holds. Of a summary, only
-    for every key or for the managed-keys record (None otherwise: nothing is known)."""
+def holds_hash(obj: Mapping[str, Any], keys: Sequence[str], recorded: str) -> bool:
+    """Do the values of the ``keys`` of ``obj`` (those it holds) have ``render.data_hash``
+    ``recorded``? Of a summary, known only for the keys its digest covers (False else)."""
     if not is_summary(obj):
         data = obj.get("data") or {}
-        return data_hash({k: data[k] for k in keys if k in data})
-    digest = obj[DIGEST]
-    wanted = sorted(keys)
-    if wanted == keys_of(obj):
-        return str(digest["all"])
+        return data_hash({k: data[k] for k in keys if k in data}) == recorded
+    digest = obj[DIGEST]["ours"]
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    recorded = sorted({k for k in str(annotations.get(api.ANN_MANAGED_KEYS, "")).split(",")
-                       if k})
-    return str(digest["managed"]) if wanted == recorded else None
+    return (digest is not None and sorted(keys) == _digested_keys(annotations, keys_of(obj))
+            and _keyed(recorded) == digest)
 
 
-def _without_last_applied(annotations: Any) -> dict[str, Any] | None:
-    """The annotations, the last-applied one aside (None: there are none)."""
+def _digested_keys(annotations: Mapping[str, Any], keys: list[str]) -> list[str] | None:
+    """The keys whose values a summary digests: its managed-keys record, or all of them
+    for an Owner target (owned, no record); None: none of its values is ours."""
+    if api.ANN_MANAGED_KEYS in annotations:
+        return sorted({k for k in str(annotations[api.ANN_MANAGED_KEYS]).split(",") if k})
+    return keys if annotations.get(api.ANN_OWNED_BY) else None
+
+
+def _keyed(hashed: str) -> str:
+    # (surrogatepass: an annotation edited by hand may hold anything; it then matches nothing)
+    return hmac.new(_KEY, hashed.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+def _without_dropped(annotations: Any) -> dict[str, Any] | None:
+    """The annotations but ``api.DROPPED_ANNOTATIONS`` (None: there are none)."""
     if not isinstance(annotations, dict):
         return None
-    if LAST_APPLIED not in annotations:
+    if api.DROPPED_ANNOTATIONS.isdisjoint(annotations):
         return annotations
-    return {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return {k: v for k, v in annotations.items() if k not in api.DROPPED_ANNOTATIONS}

@@ -130,11 +130,6 @@ def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str) -> list[
     return managed_keys(secret)
 
 
-def current_hash(secret: Mapping[str, Any], *, policy: str) -> str | None:
-    """The digest of our keys' values (None: a summary cannot tell)."""
-    return summary.hash_over(secret, our_previous_keys(secret, policy=policy))
-
-
 def is_consistent(
     secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec, version: int | None,
 ) -> bool:
@@ -162,7 +157,8 @@ def holds_data(
         and secret.get("type", "Opaque") == spec.target.type
         and ann.get(api.ANN_SOURCE) == spec.source_hash()
         and ann.get(api.ANN_CONFIG_VERSION) == str(version)
-        and recorded == current_hash(secret, policy=spec.target.creation_policy)
+        and summary.holds_hash(
+            secret, our_previous_keys(secret, policy=spec.target.creation_policy), recorded)
     )
 
 
