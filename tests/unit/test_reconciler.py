@@ -511,6 +511,30 @@ def test_restart_with_a_broken_target_syncs_at_once(world: World) -> None:
     assert world.fetcher.known_versions == [None, None]
 
 
+def test_restart_asks_nothing_for_a_refresh_interval_zero_synced_once() -> None:
+    # "0 syncs once and stops": a restart is no second sync. (It was: Himitsu's answer by
+    # then, one a basic-auth target cannot hold, made it Ready=False InvalidSpec while the
+    # target held the first sync; found by the model-based test.)
+    world = World(refreshInterval="0", target_type="kubernetes.io/basic-auth")
+    world.sync(5, {"username": "u"})
+    world.clock.advance(3600)
+    world.restart()
+    world.fetcher.then(fetched(6, {"OTHER": "x"}))
+    result = world.reconciler.reconcile(KEY)
+    assert world.fetcher.known_versions == [None]
+    assert result == Result()
+    assert world.ready()["reason"] == "Synced" and world.data() == {"username": "u"}
+    world.fetcher.script.clear()
+    # After a restart drift is still repaired, and a force-sync still syncs.
+    world.restart()
+    del world.kube.secrets[(NS, TARGET)]
+    world.sync(6, {"username": "v"})
+    world.restart()
+    world.annotate(api.ANN_FORCE_SYNC, "now")
+    world.sync(7, {"username": "w"})
+    assert world.data() == {"username": "w"}
+
+
 def test_restart_after_the_interval_polls_at_once(world: World) -> None:
     world.sync(5)
     world.clock.advance(61)

@@ -44,20 +44,23 @@ def in_step(ctx: Context) -> bool:
 def defer_after_restart(
     kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, *, now: float,
 ) -> Result | None:
-    """First reconcile in this process of a healthy object: wait for its next poll.
+    """First reconcile in this process of a healthy object: wait for its next poll, or
+    for refreshInterval 0 (synced once) ask nothing, as ``woken_idle`` does in-process.
 
-    Without this every restart would poll every HimitsuSecret at once.
+    Without this every restart would poll every HimitsuSecret at once, and a restart
+    would sync a "0" one again (an answer it cannot hold made it Ready=False).
     """
-    if mem.target_rv is not None or mem.failures or spec.refresh_interval <= 0:
+    if mem.target_rv is not None or mem.failures:
         return None
     status = ctx.status
     last = api.parse_time(status.last_sync_time)
     if last is None or not in_step(ctx):
         return None
+    interval = spec.refresh_interval
     # A lastSyncTime ahead of our clock (another replica's skew) waits no longer
     # than an interval.
-    remaining = min(last.timestamp() + spec.refresh_interval - now, spec.refresh_interval)
-    if schedule.is_due(now, now + remaining):
+    remaining = min(last.timestamp() + interval - now, interval)
+    if interval > 0 and schedule.is_due(now, now + remaining):
         return None
     target = kube.get_secret(ctx.owner.namespace, spec.target.name)
     if not targets.is_consistent(
@@ -65,9 +68,9 @@ def defer_after_restart(
     ):
         return None
     mem.expect(resource_version(target))
-    mem.due = now + remaining
-    mem.answered = mem.due - spec.refresh_interval  # lastSyncTime: what the target holds
-    mem.interval = spec.refresh_interval
+    mem.due = now + remaining if interval > 0 else None
+    mem.answered = now + remaining - interval  # lastSyncTime: what the target holds
+    mem.interval = interval
     return until_due(mem, now=now)
 
 
