@@ -38,8 +38,7 @@ lint: venv ## ruff + mypy --strict + the layer contract (hack/check_layers.py)
 
 .PHONY: test
 test: venv kube-build ## Unit tests, then the end-to-end suite on a local control plane (the CI command)
-	$(PY) -m pytest tests/unit --ignore=tests/unit/test_model_based.py $(PYTEST_ARGS)
-	$(PY) -m pytest tests/unit/test_model_based.py $(PYTEST_ARGS)  # own process: see its docstring
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 	$(PY) -m pytest tests/e2e -m "e2e and not faults" $(PYTEST_ARGS)
 
 .PHONY: test-faults
@@ -48,8 +47,7 @@ test-faults: venv kube-build ## Fault-injection e2e tests (apiserver restarts, H
 
 .PHONY: test-unit
 test-unit: venv ## Unit tests only (seconds, no cluster)
-	$(PY) -m pytest tests/unit --ignore=tests/unit/test_model_based.py $(PYTEST_ARGS)
-	$(PY) -m pytest tests/unit/test_model_based.py $(PYTEST_ARGS)  # own process: see its docstring
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test-e2e
 test-e2e: venv kube-build ## End-to-end suite (starts its own control plane, or uses E2E_KUBECONFIG)

@@ -16,11 +16,10 @@ Settings: derandomized and database-less, so every run (CI included) draws the s
 examples and a failure replays; ``MAX_EXAMPLES`` x ``STEPS`` is what two cores run in
 about a minute. A failure prints the shrunk steps (hypothesis) and the violations.
 
-`make test` runs this file in a pytest process of its own. Run after the whole unit suite in
-one process (CI=true, 2026-12-01) it fails an example that passes when the file runs alone or
-after either half of the suite before it: some module-level state another test leaves behind
-(registries, caches, watchdog threads) changes what the operator does here. Not yet found;
-until it is, the separate process keeps this test a test of the operator, not of test order.
+What it draws depends on this file and the operator's code only, not on the other test
+files a run imports (conftest.py pins Hypothesis's local constants; before, the whole suite
+drew other examples than this file alone, one of which found a restart syncing a
+refreshInterval 0 object again).
 """
 
 from __future__ import annotations
