@@ -196,20 +196,23 @@ kind_default_image() {
   sed -n 's/^const Image = "\(.*\)"$/\1/p' "$mod/pkg/apis/config/defaults/image.go"
 }
 
+# Best effort, step by step: a failing `kind delete` or `docker network rm` (also from the
+# EXIT trap, where `set -e` would otherwise abort it) never skips restore_host_state, always last.
 cmd_down() {
-  local name="$1" kubeconfig
-  ensure_kind
+  local name="$1" kubeconfig status=0
+  (ensure_kind) || status=1
   kubeconfig="$(kubeconfig_of "$name")"
-  if cluster_exists "$name"; then
-    "$KIND" delete cluster --name "$name" --kubeconfig "$kubeconfig"
+  if [[ -x "$KIND" ]] && cluster_exists "$name"; then
+    "$KIND" delete cluster --name "$name" --kubeconfig "$kubeconfig" || { status=1; log "kind delete cluster $name failed"; }
   else
     log "no kind cluster $name"
   fi
   if docker network inspect "kind-$name" >/dev/null 2>&1; then
-    docker network rm "kind-$name" >/dev/null
+    docker network rm "kind-$name" >/dev/null || { status=1; log "docker network rm kind-$name failed"; }
   fi
-  rm -rf "$(dirname "$kubeconfig")"
-  restore_host_state
+  rm -rf "$(dirname "$kubeconfig")" || status=1
+  restore_host_state || { status=1; log "could not restore the host state"; }
+  return "$status"
 }
 
 # -- what runs in it ---------------------------------------------------------------------------
@@ -259,7 +262,9 @@ cmd_e2e() {
   ensure_kubectl
   if [[ "${KIND_KEEP:-0}" != "1" ]]; then
     # shellcheck disable=SC2064 # expand now: the trap must delete this very cluster
-    trap "cmd_down '$name'" EXIT
+    trap "set +e; cmd_down '$name' || true" EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
   fi
   local start=$SECONDS
   cmd_up "$name"
