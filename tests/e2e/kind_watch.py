@@ -175,15 +175,21 @@ class PodLogs(_Poller):
                 if event == "became leader":
                     current = Leadership(pod, at, None, released=False)
                     terms.append(current)
-                elif current is not None and (event == "released the lease"
-                                              or event.startswith("leadership lost")):
-                    current.ended, current.released = at, event == "released the lease"
+                elif current is not None and event == "releasing the lease":
+                    current.ended = at  # gate closed and settled, logged before the write
+                elif current is not None and event == "released the lease":
+                    current.ended, current.released = current.ended or at, True
+                    current = None
+                elif current is not None and event.startswith("leadership lost"):
+                    current.ended = current.ended or at
                     current = None
         return sorted(terms, key=lambda term: term.began)
 
     def assert_one_leader_at_a_time(self) -> list[Leadership]:
-        """No term begins before the previous one ended (the write gate closes before
-        the release is logged, so a replica writes only inside its term)."""
+        """No term begins before the previous one ended. A released term ends at
+        "releasing the lease", logged with the write gate closed and settled and before the
+        release write: "released the lease" comes after it, possibly after the standby's
+        "became leader"."""
         terms = self.leaderships()
         for before, after in itertools.pairwise(terms):
             assert before.ended is not None and before.ended <= after.began, (

@@ -205,3 +205,41 @@ def wait_until(condition: Any) -> bool:
             return True
         pause.wait(0.01)
     return False
+
+
+def test_the_term_end_is_logged_before_the_release_write(
+        store: FakeLeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby may lead as soon as the release lands, before "released the lease" is
+    logged: so a line logged before that write, with the gate closed, ends the term
+    (tests/e2e/kind_watch.py's one-leader-at-a-time check reads it)."""
+    from himitsu_controller.runtime import leaderelection
+
+    clock = FakeClock()
+    stop = threading.Event()
+    gate = WriteGate(clock=clock)
+    seen: list[tuple[str, object, bool]] = []
+
+    class Recorder:
+        def __getattr__(self, level: str) -> Any:
+            def record(event: str, *args: Any, **kwargs: Any) -> None:
+                try:
+                    holder = store.spec().get("holderIdentity")
+                except KeyError:  # no Lease yet
+                    holder = None
+                seen.append((event, holder, gate.is_open()))
+            return record
+
+    monkeypatch.setattr(leaderelection, "log", Recorder())
+
+    def wait(event: threading.Event, seconds: float) -> bool:
+        stop.set()
+        return True
+
+    a = elector(FakeLeaseClient(store, clock=clock), "a", clock=clock, gate=gate, wait=wait)
+    assert a.run(stop) is True
+    assert "holderIdentity" not in store.spec()  # released
+    events = [event for event, _, _ in seen]
+    assert "releasing the lease" in events
+    at = events.index("releasing the lease")
+    assert seen[at][1:] == ("a", False)  # still ours, the gate already closed
+    assert events.index("released the lease") > at

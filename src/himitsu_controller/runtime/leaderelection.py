@@ -296,6 +296,9 @@ class LeaderElector:
             log.warning("not releasing the lease: a write got no answer, it expires instead",
                         lease=self._lease_name())
             return
+        # Logged BEFORE the write: the gate is closed and settled, so this ends our term
+        # (a standby may log "became leader" before we log "released the lease").
+        log.info("releasing the lease", lease=self._lease_name())
         stamp = micro_time(self._wall_clock())
         released = _Record("", 1, stamp, stamp, observed.transitions)
         deadline = self._clock() + min(RELEASE_TIMEOUT, self.config.renew_deadline)
