@@ -25,6 +25,7 @@ from test_leaderelection import (
     elector,
 )
 
+from himitsu_controller.runtime import leaderelection
 from himitsu_controller.runtime.controller import Controller, Result
 from himitsu_controller.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from himitsu_controller.runtime.manager import Manager
@@ -212,8 +213,6 @@ def test_the_term_end_is_logged_before_the_release_write(
     """A standby may lead as soon as the release lands, before "released the lease" is
     logged: so a line logged before that write, with the gate closed, ends the term
     (tests/e2e/kind_watch.py's one-leader-at-a-time check reads it)."""
-    from himitsu_controller.runtime import leaderelection
-
     clock = FakeClock()
     stop = threading.Event()
     gate = WriteGate(clock=clock)
