@@ -1,12 +1,11 @@
 """The Deployment of `make deploy` on a kubelet: hand-over, rolling update, readiness.
 
-What users rely on and only a real node shows (kind only: `make e2e-kind`): the
-standby (or the replacement pod) takes the Lease when the leader's pod is deleted and
-syncs; a rolling update loses no change and never has two leaders; a replica whose
-caches cannot sync is
-kept out of Ready by its probe (and stays alive). Two writers are ruled out from the
-Lease's history (every acquisition seen, leaseTransitions agreeing) and each replica's
-own log of its terms as leader (kind_watch.py), the audit log being off on kind.
+What users rely on and only a real node shows (kind only: `make e2e-kind`): the standby (or
+the replacement pod) takes the Lease when the leader's pod is deleted and syncs; a rolling
+update loses no change and never has two leaders; a replica whose caches cannot sync is kept
+out of Ready by its probe (and stays alive). Two writers are ruled out from the Lease's
+history (every acquisition seen, leaseTransitions agreeing) and each replica's own log of
+its terms as leader (kind_watch.py), the audit log being off on kind.
 """
 
 from __future__ import annotations
