@@ -50,8 +50,8 @@ save_host_net() {
 # table present now (flush, delete chains, policies ACCEPT), then restore the snapshot.
 reset_and_restore() {
   local save="$1" restore="$2" file="$3" table chain
-  for table in filter nat mangle raw security; do
-    "$save" -t "$table" >/dev/null 2>&1 || continue
+  # only the tables that exist: `iptables-save -t T` would create T (nf_tables backend)
+  for table in $("$save" 2>/dev/null | sed -n 's/^\*//p'); do
     "${restore%-restore}" -t "$table" -F
     "${restore%-restore}" -t "$table" -X
     for chain in $("$save" -t "$table" | sed -n 's/^:\([A-Z]*\) \([A-Z]*\) .*/\1/p'); do
