@@ -8,6 +8,7 @@ follows every operator pod from the moment it appears.
 
 from __future__ import annotations
 
+import abc
 import itertools
 import json
 import signal
@@ -35,7 +36,7 @@ def lease_spec(kube: KubeApi) -> dict[str, Any]:
     return dict(kube.get(LEASE_PATH).get("spec") or {})
 
 
-class _Poller:
+class _Poller(abc.ABC):
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -59,10 +60,11 @@ class _Poller:
                 self.errors.append(repr(error))
             self._stop.wait(POLL)
 
+    @abc.abstractmethod
     def poll(self) -> None:
-        raise NotImplementedError
+        """One look at what the poller follows."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a hook: most pollers hold nothing)
         """Release what the poller holds."""
 
 
