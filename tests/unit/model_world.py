@@ -21,16 +21,15 @@ does. The oracle (model_checks.py) watches every write and every Himitsu answer.
 from __future__ import annotations
 
 import base64
-import math
 import random
 import threading
 from collections import deque
-from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from model_checks import Oracle
 from model_himitsu import ModelHimitsu, session_for
 from model_kube import HSEC, SECRET, ApiServer, Change, ModelRest, matches
+from reconcile_world import T0_EPOCH, SimClock
 
 from himitsu_controller import api, cli, himitsu, kube
 from himitsu_controller.runtime.controller import Controller, Result
@@ -41,8 +40,6 @@ from himitsu_controller.runtime.workqueue import RateLimitingQueue
 from himitsu_controller.sync import polls, summary
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
-T0 = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
-T0_EPOCH = T0.timestamp()
 NS = "apps"
 API_URL = "https://himitsu.example.com"
 PROJECT = "11111111-1111-1111-1111-111111111111"
@@ -52,35 +49,6 @@ TOKENS = {"tok-a": "himi_000000000000000a_" + "A" * 43,
           "tok-b": "himi_000000000000000b_" + "B" * 43}
 SECRET_SELECTOR = f"{api.LABEL_MANAGED}=true"
 LOOP_BUDGET = 5000  # reconciles per run_until: more is a livelock
-
-
-class SimClock:
-    """Integer microseconds since T0, read as a datetime (the reconciler) or as epoch
-    seconds (queue, poller, clients): both always name the same moment."""
-
-    def __init__(self) -> None:
-        self.us = 0
-
-    def now(self) -> datetime:
-        return T0 + timedelta(microseconds=self.us)
-
-    def epoch(self) -> float:
-        return self.now().timestamp()
-
-    @property
-    def t(self) -> float:
-        """Simulated seconds since T0."""
-        return self.us / 1e6
-
-    def advance(self, seconds: float) -> None:
-        self.us += max(0, math.ceil(seconds * 1e6))
-
-    def reach(self, epoch: float) -> None:
-        """Move on to ``epoch`` (never back), so that ``epoch() >= epoch`` holds."""
-        target = math.ceil((epoch - T0_EPOCH) * 1e6)
-        self.us = max(self.us, target)
-        while self.epoch() < epoch:
-            self.us += 1
 
 
 class Feed:

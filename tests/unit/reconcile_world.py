@@ -9,6 +9,7 @@ test can look for any piece of them in every output.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,6 +29,7 @@ TOKEN_SECRET_PART = "CanaryTok3n-7f3aQ9zK2mX8vB4nL6pR1sT5wY0uE2h"
 TOKEN = "himi_c0ffee00c0ffee00_" + TOKEN_SECRET_PART
 CANARY = "CANARY-SECRET-VALUE"
 T0 = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
+T0_EPOCH = T0.timestamp()
 
 assert himitsu.TOKEN_PATTERN.fullmatch(TOKEN)
 
@@ -38,6 +40,35 @@ def values(n: int = 2, *, tag: str = "") -> dict[str, str]:
 
 def fetched(version: int, secrets: dict[str, str] | None = None) -> himitsu.Fetched:
     return himitsu.Fetched(version=version, secrets=values() if secrets is None else secrets)
+
+
+class SimClock:
+    """Integer microseconds since T0, read as a datetime (the reconciler) or as epoch
+    seconds (queue, poller, clients): both always name the same moment."""
+
+    def __init__(self) -> None:
+        self.us = 0
+
+    def now(self) -> datetime:
+        return T0 + timedelta(microseconds=self.us)
+
+    def epoch(self) -> float:
+        return self.now().timestamp()
+
+    @property
+    def t(self) -> float:
+        """Simulated seconds since T0."""
+        return self.us / 1e6
+
+    def advance(self, seconds: float) -> None:
+        self.us += max(0, math.ceil(seconds * 1e6))
+
+    def reach(self, epoch: float) -> None:
+        """Move on to ``epoch`` (never back), so that ``epoch() >= epoch`` holds."""
+        target = math.ceil((epoch - T0_EPOCH) * 1e6)
+        self.us = max(self.us, target)
+        while self.epoch() < epoch:
+            self.us += 1
 
 
 class Clock:

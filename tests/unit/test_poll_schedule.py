@@ -23,12 +23,11 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from fakes import FakeKube, b64, unb64
-from reconcile_world import NS, T0, TOKEN, make_hsec
+from reconcile_world import NS, TOKEN, SimClock, make_hsec
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.sync.polls import LocallyRateLimited, SharedPoller
@@ -65,24 +64,6 @@ class Trace:
     full: dict[str, list[float]] = field(default_factory=dict)  # those answered 200
     answers: dict[str, list[Answer]] = field(default_factory=dict)
     writes: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
-
-
-class SimClock:
-    """Integer microseconds since T0: exactly what a datetime can hold, so the reconciler
-    (datetimes) and the poller (epoch floats) read the same moment."""
-
-    def __init__(self) -> None:
-        self.us = 0
-
-    def now(self) -> datetime:
-        return T0 + timedelta(microseconds=self.us)
-
-    def epoch(self) -> float:
-        return self.now().timestamp()
-
-    @property
-    def t(self) -> float:
-        return self.us / 1e6
 
 
 class FakeHimitsu:
