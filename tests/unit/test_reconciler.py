@@ -33,7 +33,7 @@ from reconcile_world import (
     values,
 )
 
-from himitsu_controller import api, himitsu
+from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
 from himitsu_controller.sync.ports import SecretValue
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
@@ -711,3 +711,24 @@ def test_recreated_himitsu_secret_is_not_confused_with_the_old_one(world: World)
     assert world.fetcher.known_versions == [None, None]
     refs = world.target()["metadata"]["ownerReferences"]
     assert [r["uid"] for r in refs] == [fresh["metadata"]["uid"]]
+
+
+def _ready_gauge(name: str) -> float | None:
+    labels = {"namespace": NS, "name": name}
+    return metrics.REGISTRY.get_sample_value("himitsu_secret_ready", labels)
+
+
+@pytest.mark.parametrize("interval", ["0", "1h"])
+def test_a_restarted_process_reports_the_ready_gauge_of_an_object_it_asks_nothing_for(
+        interval: str) -> None:
+    """Invariant: every Ready HimitsuSecret the process holds is in himitsu_secret_ready,
+    also one a restart leaves alone (no status write to report it)."""
+    world = World(refreshInterval=interval)
+    world.sync(5, {"A": "1"})
+    name = KEY.partition("/")[2]
+    metrics.forget_ready(NS, name)  # a new process's gauge starts empty
+    world.restart()
+    world.clock.advance(10)
+    world.reconciler.reconcile(KEY)
+    assert world.ready()["status"] == "True"
+    assert _ready_gauge(name) == 1.0

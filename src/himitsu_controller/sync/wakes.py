@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from himitsu_controller import api
+from himitsu_controller import api, metrics
 from himitsu_controller.runtime.controller import Result
 from himitsu_controller.sync import schedule, targets
 from himitsu_controller.sync.expectations import Memory, resource_version
@@ -71,6 +71,8 @@ def defer_after_restart(
     mem.due = now + remaining if interval > 0 else None
     mem.answered = now + remaining - interval  # lastSyncTime: what the target holds
     mem.interval = interval
+    # No status write will report it for now: a new process's Ready gauge starts here.
+    metrics.set_ready(ctx.owner.namespace, ctx.owner.name, True)
     return until_due(mem, now=now)
 
 
