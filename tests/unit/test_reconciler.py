@@ -35,6 +35,7 @@ from reconcile_world import (
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
+from himitsu_controller.runtime.metrics import REGISTRY
 from himitsu_controller.sync.ports import SecretValue
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
@@ -715,7 +716,7 @@ def test_recreated_himitsu_secret_is_not_confused_with_the_old_one(world: World)
 
 def _ready_gauge(name: str) -> float | None:
     labels = {"namespace": NS, "name": name}
-    return metrics.REGISTRY.get_sample_value("himitsu_secret_ready", labels)
+    return REGISTRY.get_sample_value("himitsu_secret_ready", labels)
 
 
 @pytest.mark.parametrize("interval", ["0", "1h"])
