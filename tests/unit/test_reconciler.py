@@ -733,3 +733,21 @@ def test_a_restarted_process_reports_the_ready_gauge_of_an_object_it_asks_nothin
     world.reconciler.reconcile(KEY)
     assert world.ready()["status"] == "True"
     assert _ready_gauge(name) == 1.0
+
+
+def test_a_restarted_process_reports_the_ready_gauge_of_an_object_whose_failure_repeats() -> None:
+    """Invariant: every HimitsuSecret the process holds is in himitsu_secret_ready, also a
+    failing one whose failure a restart finds unchanged (its status write is skipped)."""
+    world = World()
+    world.sync(5, {"A": "1"})
+    denied = himitsu.Unauthorized("401", status=401)
+    world.clock.advance(3600)
+    world.reconcile(denied)
+    assert world.ready()["status"] == "False"
+    name = KEY.partition("/")[2]
+    metrics.forget_ready(NS, name)  # a new process's gauge starts empty
+    world.restart()
+    world.clock.advance(10)
+    world.reconcile(denied)
+    assert world.ready()["status"] == "False"
+    assert _ready_gauge(name) == 0.0

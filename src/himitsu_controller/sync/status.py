@@ -83,9 +83,9 @@ class StatusWriter:
         one saying the last poll ran late is left as it is (under a chronic shortfall every
         poll is late: two notes would take turns, two patches a poll instead of one)."""
         previous = self._current(key, obj)
-        if _ready_status(previous) != "True":
-            return  # a failure already says why nothing is polled
-        if LATE_NOTE in str(_ready_field(previous, "message") or ""):
+        if (_ready_status(previous) != "True"  # a failure already says why nothing is polled
+                or LATE_NOTE in str(_ready_field(previous, "message") or "")):
+            self._report(obj, previous)
             return
         holds = _holds(target, int(previous.get("secretCount") or 0),
                        int(previous.get("configVersion") or 0))
@@ -97,6 +97,8 @@ class StatusWriter:
         status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
         if status != previous:
             self._write(key, obj, status)
+        else:
+            self._report(obj, status)
 
     def failed(
         self, key: str, obj: Mapping[str, Any], *, reason: str, message: str, generation: int,
@@ -108,6 +110,8 @@ class StatusWriter:
         transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
         if status != previous:
             self._write(key, obj, status)
+        else:  # nothing to write (a restart finding the same failure): still in the gauge
+            self._report(obj, status)
         if transition:
             self._event(obj, "Warning", reason, message)
 
@@ -171,7 +175,14 @@ class StatusWriter:
         stored = {k: v for k, v in status.items() if v is not None}
         with self._lock:
             self._written[key] = _pack(str(meta.get("uid", "")), stored)
-        metrics.set_ready(namespace, name, _ready_status(stored) == "True")
+        self._report(obj, stored)
+
+    @staticmethod
+    def _report(obj: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        """``himitsu_secret_ready`` for ``obj`` from the status it now has."""
+        meta = obj.get("metadata") or {}
+        metrics.set_ready(str(meta.get("namespace", "")), str(meta.get("name", "")),
+                          _ready_status(status) == "True")
 
     def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         try:
