@@ -44,6 +44,12 @@ ANN_FORCE_SYNC = "himitsu.io/force-sync"
 ANN_RESTARTED_AT = "himitsu.io/restartedAt"
 # Beside it: "<HimitsuSecret>=<dataMac>,..." the restart rolled out (sync.restarter).
 ANN_RESTARTED_FOR = "himitsu.io/restarted-for"
+# On a workload (its metadata), set by its owner: the HimitsuSecrets ("a,b" or "*") that
+# may restart it although its pods do not read their Secret (sync.restarter).
+ANN_ALLOW_RESTART_BY = "himitsu.io/allow-restart-by"
+# On a target whose HimitsuSecret names workloads: the random key of the status's MACs
+# of the data (sync.rollout); only readers of the Secret (who see the data) see it.
+ANN_ROLLOUT_SALT = "himitsu.io/rollout-salt"
 # On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
 # token may be sent to (narrower than --allowed-api-urls, never wider).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
@@ -180,7 +186,6 @@ class RolloutTarget:
 
     kind: str
     name: str
-    force: bool = False  # restart even when its pod template does not read the target
 
     @property
     def supported(self) -> bool:
@@ -299,12 +304,9 @@ def _parse_rollout(spec: Mapping[str, Any]) -> Rollout:
         if len(name) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(name):
             raise InvalidSpec(f"{where}.name {_show(name)} is not a valid workload name "
                               "(lowercase DNS subdomain)")
-        force = entry.get("force", False)
-        if not isinstance(force, bool):
-            raise InvalidSpec(f"{where}.force must be true or false")
         if any(t.kind == kind and t.name == name for t in found):
             raise InvalidSpec(f"{where} names {kind} {name!r} twice")
-        found.append(RolloutTarget(kind=kind, name=name, force=force))
+        found.append(RolloutTarget(kind=kind, name=name))
     on_create = spec.get("rolloutRestartOnCreate", False)
     if not isinstance(on_create, bool):
         raise InvalidSpec("rolloutRestartOnCreate must be true or false")

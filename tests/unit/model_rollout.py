@@ -5,7 +5,7 @@ model costs stays within its time budget, and the others prove nothing changes w
 The oracle keeps the data ``w<slot>``'s pods were last started with: the rendering the
 target held when the HimitsuSecret's rolloutRestarts entry was first recorded (the
 documented baseline: an entry seen for the first time takes the data as the pods have
-it; so does a new token), then the rendering at each restart. Computed from Himitsu's
+it; a new token changes nothing), then the rendering at each restart. Computed from Himitsu's
 history and the spec (``render``), never from the operator's record. Checked:
 
 * ``restart``: a restart (a patch of the Deployment) happens only while the target's

@@ -58,6 +58,7 @@ CEL_TWINS: dict[str, Callable[[Any], bool]] = {
     "duration(self) == duration('0s') || duration(self) >= duration('1s')": (
         lambda s: _go_seconds(s) == 0 or _go_seconds(s) >= 1
     ),
+    "duration(self) <= duration('24h')": lambda s: _go_seconds(s) <= 24 * 3600,
     "self.all(k, k != 'app.kubernetes.io/managed-by' && !k.matches('^([^/]*[.])?himitsu[.]io/'))": (
         lambda m: not any(api.is_reserved_key(k) for k in m)
     ),
@@ -309,10 +310,11 @@ def test_rollout_restart_targets_schema_matches_the_operator() -> None:
     status = node("status", "rolloutRestarts")
     assert status["x-kubernetes-list-map-keys"] == ["kind", "name"]
     assert set(status["items"]["properties"]) == {
-        "kind", "name", "dataMac", "keyId", "pendingSince", "lastRestart", "warning"}
+        "kind", "name", "dataMac", "saltId", "keyId", "pendingSince", "pendingMac", "changedAt",
+        "lastRestart", "warning"}
     good = {**CONTRACT_EXAMPLE["spec"], "minRestartInterval": "30s",
             "rolloutRestartOnCreate": True,
-            "rolloutRestartTargets": [{"kind": "Deployment", "name": "web", "force": True}]}
+            "rolloutRestartTargets": [{"kind": "Deployment", "name": "web"}]}
     assert admit({**CONTRACT_EXAMPLE, "spec": good}) == []
     parsed = api.parse_spec({**CONTRACT_EXAMPLE, "spec": good})
     assert parsed.rollout.min_interval == 30.0 and parsed.rollout.on_create
@@ -432,6 +434,23 @@ def test_a_sub_second_refresh_interval_is_refused_at_admission() -> None:
                                                      "refreshInterval": text}})
         assert errors == [".spec.refreshInterval: refreshInterval must be 0 (sync once) or "
                           "at least 1s"], text
+
+
+def test_the_crd_refuses_every_min_restart_interval_the_operator_refuses() -> None:
+    """A window the CRD admits and the operator calls InvalidSpec would stop the whole
+    sync (Ready=False) over a batching knob: the apiserver refuses it at admission."""
+    disagree = []
+    for text in ("25h", "24h0m1s", "1000h", "24h", "0.5s", "1ns", "999ms", "0", "1m"):
+        obj = {**CONTRACT_EXAMPLE, "spec": {**CONTRACT_EXAMPLE["spec"],
+                                            "minRestartInterval": text}}
+        try:
+            api.parse_spec(obj)
+            operator_ok = True
+        except api.InvalidSpec:
+            operator_ok = False
+        if (admit(obj) == []) != operator_ok:
+            disagree.append(text)
+    assert disagree == [], f"the CRD and the operator disagree on {disagree}"
 
 
 # ---- samples ---------------------------------------------------------------------------

@@ -8,6 +8,8 @@ Everything runs on the reconcile world's simulated clock: the only way time pass
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 from typing import Any
 
@@ -19,9 +21,9 @@ from reconcile_world import KEY, NAME, NS, TARGET, TOKEN, World, fetched, make_h
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import references
+from himitsu_controller.sync import references, rollout
 from himitsu_controller.sync.ports import KubeError
-from himitsu_controller.sync.restarter import Claim, Restarter
+from himitsu_controller.sync.restarter import MAX_SERVED, RETRY_CAP, Claim, Restarter
 
 WINDOW = 10.0
 WEB = {"kind": "Deployment", "name": "web"}
@@ -206,9 +208,11 @@ def test_restarts_of_one_workload_are_a_window_apart() -> None:
     assert all(gap >= WINDOW for gap in gaps), gaps
 
 
-def test_two_himitsu_secrets_naming_one_workload_coalesce() -> None:
-    world = rollout_world()
-    other = make_hsec(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+def two_holders(window: str = "10s", other_window: str | None = None) -> World:
+    """``app-config`` and ``other`` (target ``other-secrets``) both name Deployment web,
+    which reads both targets; both synced once."""
+    world = rollout_world(minRestartInterval=window)
+    other = make_hsec(rolloutRestartTargets=[WEB], minRestartInterval=other_window or window)
     other["metadata"]["name"] = "other"
     other["spec"]["target"]["name"] = "other-secrets"
     world.kube.add_himitsu_secret(other)
@@ -218,6 +222,11 @@ def test_two_himitsu_secrets_naming_one_workload_coalesce() -> None:
     world.sync(5)
     world.fetcher.then(fetched(5))
     world.reconciler.reconcile(f"{NS}/other")
+    return world
+
+
+def test_two_himitsu_secrets_naming_one_workload_coalesce() -> None:
+    world = two_holders()
     world.clock.advance(60)
     world.reconcile(fetched(6, changed("b")))
     world.clock.advance(2)
@@ -231,6 +240,73 @@ def test_two_himitsu_secrets_naming_one_workload_coalesce() -> None:
         status = world.kube.status(NS, name)
         (rec,) = status["rolloutRestarts"]
         assert "pendingSince" not in rec and rec["lastRestart"], name
+
+
+def test_owed_restarts_of_one_workload_batch_after_an_operator_restart() -> None:
+    """Two Secrets rotate at once (VSO #644) and the operator restarts (or the Lease
+    moves) inside the window: the next process restarts the workload once, not once per
+    HimitsuSecret (each claim is due already when its reconcile makes it)."""
+    world = two_holders()
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    world.fetcher.then(fetched(6, changed("o")))
+    world.reconciler.reconcile(f"{NS}/other")
+    assert restarts(world) == []  # both owed, inside the window
+    world.restart()
+    world.clock.advance(30)
+    world.reconcile(himitsu.NotModified(6))
+    world.clock.advance(1)  # the next key off the queue
+    world.fetcher.then(himitsu.NotModified(6))
+    world.reconciler.reconcile(f"{NS}/other")
+    assert len(restarts(world)) == 1, restarts(world)
+    for name in (NAME, "other"):
+        (rec,) = world.kube.status(NS, name)["rolloutRestarts"]
+        assert "pendingSince" not in rec and rec["lastRestart"], name
+
+
+def test_data_changed_after_the_last_restart_is_still_owed_after_an_operator_restart() -> None:
+    """The other side of the rule above: a claim is served by an earlier restart only
+    when its data was in the target before that restart."""
+    world = two_holders()
+    world.clock.advance(60)
+    world.fetcher.then(fetched(6, changed("o")))
+    world.reconciler.reconcile(f"{NS}/other")  # other owes a restart
+    world.restart()
+    world.clock.advance(20)
+    world.reconcile(fetched(6, changed("b")))  # app-config's change, its window open
+    world.clock.advance(10)
+    world.reconcile()  # app-config's claim due: other's not claimed yet
+    assert len(restarts(world)) == 1
+    world.clock.advance(1)
+    world.fetcher.then(fetched(7, changed("o2")))  # other changes again after the restart
+    world.reconciler.reconcile(f"{NS}/other")
+    world.clock.advance(WINDOW)
+    world.fetcher.then(himitsu.NotModified(7))
+    world.reconciler.reconcile(f"{NS}/other")
+    assert len(restarts(world)) == 2
+
+
+def test_a_window_never_opens_before_the_workload_s_last_restart() -> None:
+    """A claim made before an operator restart does not cut the next window short: the
+    restart after the one just made is a window after it."""
+    world = two_holders()
+    world.clock.advance(60)
+    world.fetcher.then(fetched(6, changed("o")))
+    world.reconciler.reconcile(f"{NS}/other")
+    world.restart()
+    world.clock.advance(5)
+    world.reconcile(fetched(6, changed("b")))
+    world.clock.advance(WINDOW)
+    world.reconcile()
+    world.clock.advance(1)
+    world.fetcher.then(fetched(7, changed("o2")))  # other's claim is old, its data new
+    world.reconciler.reconcile(f"{NS}/other")
+    world.clock.advance(WINDOW / 2)
+    world.fetcher.then(himitsu.NotModified(7))
+    world.reconciler.reconcile(f"{NS}/other")
+    times = [api.parse_time(at) for at in restarts(world)]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times) if a and b]
+    assert all(gap >= WINDOW for gap in gaps), gaps
 
 
 # --- a restart owed is never lost -------------------------------------------------------------
@@ -308,6 +384,49 @@ def test_a_status_write_lost_after_a_restart_does_not_restart_again(
     assert "pendingSince" not in entry(world)
 
 
+def _as_an_older_version_wrote_it(world: World, pods_have: str) -> None:
+    """Status and target as the version before the salt left them: the record keyed by
+    the token (``keyId``), no salt on the target; ``pods_have``: that data's digest."""
+    key = rollout.legacy_key(TOKEN)
+    for rec in world.kube.himitsu_secrets[(NS, NAME)]["status"]["rolloutRestarts"]:
+        for name in ("saltId", "pendingMac", "changedAt"):
+            rec.pop(name, None)
+        rec["keyId"] = hashlib.sha256(key).hexdigest()[:12]
+        rec["dataMac"] = hmac.new(key, pods_have.encode(), hashlib.sha256).hexdigest()[:32]
+    del world.kube.secrets[(NS, TARGET)]["metadata"]["annotations"][api.ANN_ROLLOUT_SALT]
+
+
+@pytest.mark.parametrize("owed", [False, True])
+def test_a_record_an_older_version_wrote_decides_as_it_would(owed: bool) -> None:
+    """Upgrade: a record keyed by the token is checked with the token and carried over
+    under the target's new salt: no restart for data the pods have, and an owed one kept."""
+    world = rollout_world()
+    world.sync(5)
+    pods_have = world.target()["metadata"]["annotations"][api.ANN_DATA_HASH]
+    now = fetched(5)
+    if owed:
+        now = fetched(6, changed("b"))
+        world.poll(now)
+    _as_an_older_version_wrote_it(world, pods_have)
+    world.restart()
+    world.clock.advance(WINDOW)
+    world.reconcile(now)  # no salt on the target yet: one full sync stamps one
+    result = world.poll(himitsu.NotModified(now.version))
+    if result.requeue_after is not None and result.requeue_after <= WINDOW:
+        wake(world, result)
+    assert len(restarts(world)) == (1 if owed else 0)
+    assert "keyId" not in entry(world) and "pendingSince" not in entry(world)
+    world.poll(himitsu.NotModified(now.version))
+    assert len(restarts(world)) == (1 if owed else 0)
+
+
+def test_the_status_does_not_tell_which_himitsu_secrets_share_a_token() -> None:
+    world = two_holders()
+    mine, theirs = (world.kube.status(NS, n)["rolloutRestarts"][0] for n in (NAME, "other"))
+    assert "keyId" not in mine and "keyId" not in theirs
+    assert mine["saltId"] != theirs["saltId"]
+
+
 def test_a_failing_himitsu_does_not_hold_back_an_owed_restart() -> None:
     world = rollout_world()
     world.sync(5)
@@ -317,6 +436,45 @@ def test_a_failing_himitsu_does_not_hold_back_an_owed_restart() -> None:
     result = world.reconcile(himitsu.ServerError("down"))
     assert result.error == "FetchFailure"
     assert len(restarts(world)) == 1
+
+
+def test_an_owed_restart_is_not_held_back_by_himitsu_after_an_operator_restart() -> None:
+    """The data is in the target already: a failing Himitsu (or a dead token) does not
+    hold the restart back, not even in a process that never fetched."""
+    world = rollout_world()
+    world.sync(5)
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    world.restart()
+    for _ in range(5):
+        world.clock.advance(60)
+        world.reconcile(himitsu.ServerError("down"))
+    assert len(restarts(world)) == 1
+    assert "pendingSince" not in entry(world)
+
+
+def test_an_owed_restart_is_not_held_back_by_a_missing_token() -> None:
+    world = rollout_world()
+    world.sync(5)
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    world.restart()
+    del world.kube.secrets[(NS, "himitsu-token")]
+    world.clock.advance(WINDOW)
+    result = world.reconciler.reconcile(KEY)
+    assert result.error == "AuthenticationFailure"
+    assert len(restarts(world)) == 1
+
+
+def test_a_hand_edited_target_decides_nothing_while_himitsu_fails() -> None:
+    """Only a target holding what the operator wrote tells what the pods would get."""
+    world = rollout_world()
+    world.sync(5)
+    world.restart()
+    world.kube.edit_secret(NS, TARGET, data={"KEY_0": "ZWRpdGVk"})
+    world.clock.advance(60)
+    world.reconcile(himitsu.ServerError("down"))
+    assert restarts(world) == [] and "pendingSince" not in entry(world)
 
 
 # --- safety -------------------------------------------------------------------------------------
@@ -333,12 +491,33 @@ def test_an_unreferencing_workload_is_warned_about_and_not_restarted() -> None:
     assert len([e for e in world.kube.events if e.reason == "RolloutRestartSkipped"]) == 1
 
 
-def test_force_restarts_an_unreferencing_workload() -> None:
+@pytest.mark.parametrize(("allowed", "restarted"), [
+    (NAME, True), ("*", True), (f"other, {NAME}", True), ("other", False), ("", False)])
+def test_an_unreferencing_workload_is_restarted_only_with_its_owner_s_consent(
+        allowed: str, restarted: bool) -> None:
+    """Naming a workload is not enough to restart one that does not read the Secret
+    (whoever may create a HimitsuSecret would restart anything): its owner must allow
+    it, on the workload."""
+    world = rollout_world(reads="something-else", minRestartInterval="0")
+    workload = world.kube.workloads[(NS, "Deployment", "web")]
+    workload["metadata"]["annotations"] = {api.ANN_ALLOW_RESTART_BY: allowed}
+    world.sync(5)
+    world.poll(fetched(6, changed("b")))
+    assert len(restarts(world)) == (1 if restarted else 0)
+    assert ("warning" in entry(world)) is not restarted
+    if not restarted:
+        assert f"{api.ANN_ALLOW_RESTART_BY}={NAME}" in entry(world)["warning"]
+        assert any(e.reason == "RolloutRestartSkipped" for e in world.kube.events)
+        assert world.ready()["status"] == "True"
+
+
+def test_a_force_field_restarts_nothing_without_consent() -> None:
+    """``force`` is gone: an object still carrying it (stored before the schema changed)
+    restarts an unreferencing workload no more than one without it."""
     world = rollout_world({**WEB, "force": True}, reads=None, minRestartInterval="0")
     world.sync(5)
-    assert "warning" not in entry(world)
     world.poll(fetched(6, changed("b")))
-    assert len(restarts(world)) == 1
+    assert restarts(world) == [] and "does not read" in entry(world)["warning"]
 
 
 def test_a_missing_workload_and_a_foreign_kind_are_reported_and_the_sync_is_ready() -> None:
@@ -354,10 +533,10 @@ def test_a_missing_workload_and_a_foreign_kind_are_reported_and_the_sync_is_read
 
 
 @pytest.mark.parametrize("operator_restarts", [False, True])
-def test_a_new_token_carries_the_record_over(operator_restarts: bool) -> None:
-    """A token replaced while the data changes: this process checks the record with the
-    old key and still restarts; a fresh process (which never saw the old token) takes
-    the data as the pods have it (the documented gap), and never restarts for nothing."""
+def test_a_new_token_keeps_the_record(operator_restarts: bool) -> None:
+    """A token replaced while the data changes, in this process or across an operator
+    restart: the record is keyed by the target's salt, not the token, so the change
+    restarts once, and the token alone never restarts anything."""
     world = rollout_world(minRestartInterval="0")
     world.sync(5)
     world.kube.put_secret({"metadata": {"namespace": NS, "name": "other-token"},
@@ -366,9 +545,36 @@ def test_a_new_token_carries_the_record_over(operator_restarts: bool) -> None:
         world.restart()
     world.edit_spec(authSecretRef={"name": "other-token"})
     world.reconcile(fetched(6, changed("b")))
-    assert len(restarts(world)) == (0 if operator_restarts else 1)
+    assert len(restarts(world)) == 1
     world.poll(himitsu.NotModified(6))
-    assert len(restarts(world)) == (0 if operator_restarts else 1)
+    assert len(restarts(world)) == 1
+
+
+def test_a_token_replaced_in_place_across_an_operator_restart_does_not_lose_the_restart() -> None:
+    """Token rotated (its Secret's value replaced), operator restarted, value changed: the
+    pods have the old value, so the workload restarts."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    world.kube.put_secret({"metadata": {"namespace": NS, "name": "himitsu-token"},
+                           "data": {"token": b64(TOKEN.replace("Canary", "Other1"))}})
+    world.restart()
+    world.poll(fetched(6, changed("b")))
+    world.poll(himitsu.NotModified(6))
+    assert world.data() == changed("b")
+    assert len(restarts(world)) == 1
+
+
+def test_a_target_recreated_across_an_operator_restart_restarts_nothing() -> None:
+    """Its salt is gone with it: the record (under the old salt) is taken as matching."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    salt = world.target()["metadata"]["annotations"][api.ANN_ROLLOUT_SALT]
+    world.restart()
+    del world.kube.secrets[(NS, TARGET)]
+    world.reconcile(fetched(5))
+    assert world.target()["metadata"]["annotations"][api.ANN_ROLLOUT_SALT] != salt
+    world.poll(himitsu.NotModified(5))
+    assert restarts(world) == []
 
 
 def test_status_holds_no_digest_of_the_data() -> None:
@@ -379,18 +585,37 @@ def test_status_holds_no_digest_of_the_data() -> None:
     assert digest[:16] not in str(world.status())
 
 
-def test_every_pod_template_reference_counts() -> None:
-    def pod(**spec: Any) -> dict[str, Any]:
-        return {"spec": {"template": {"spec": spec}}}
+def _pod(**spec: Any) -> dict[str, Any]:
+    return {"spec": {"template": {"spec": spec}}}
 
-    found = references.secrets_read(pod(
-        initContainers=[{"env": [{"valueFrom": {"secretKeyRef": {"name": "a"}}}]}],
-        containers=[{"envFrom": [{"secretRef": {"name": "b"}}, {"configMapRef": {"name": "x"}}]}],
-        volumes=[{"secret": {"secretName": "c"}},
-                 {"projected": {"sources": [{"secret": {"name": "d"}}]}}],
+
+def test_every_pod_template_reference_counts() -> None:
+    found = references.secrets_read(_pod(
+        initContainers=[{"env": [{"valueFrom": {"secretKeyRef": {"name": "a"}}}],
+                         "volumeMounts": [{"name": "vd", "mountPath": "/d"}]}],
+        containers=[{"envFrom": [{"secretRef": {"name": "b"}}, {"configMapRef": {"name": "x"}}],
+                     "volumeMounts": [{"name": "vc", "mountPath": "/c"}]}],
+        volumes=[{"name": "vc", "secret": {"secretName": "c"}},
+                 {"name": "vd", "projected": {"sources": [{"secret": {"name": "d"}}]}}],
         imagePullSecrets=[{"name": "e"}]))
     assert found == {"a", "b", "c", "d"}
     assert references.secrets_read({"spec": None}) == set()
+
+
+def test_a_secret_volume_no_container_mounts_is_no_reference() -> None:
+    """A volume is only read by a container that mounts it: a workload listing the
+    target's volume but mounting it nowhere is not restarted."""
+    pod = _pod(containers=[{"name": "app", "volumeMounts": [{"name": "other", "mountPath": "/o"}]}],
+               volumes=[{"name": "unused", "secret": {"secretName": TARGET}},
+                        {"name": "unused-too", "projected": {"sources": [
+                            {"secret": {"name": TARGET}}]}},
+                        {"name": "other", "secret": {"secretName": "mounted"}}])
+    assert references.secrets_read(pod) == {"mounted"}
+    world = rollout_world(reads=None, minRestartInterval="0")
+    world.kube.workloads[(NS, "Deployment", "web")]["spec"] = pod["spec"]
+    world.sync(5)
+    world.poll(fetched(6, changed("b")))
+    assert restarts(world) == [] and "does not read" in entry(world)["warning"]
 
 
 # --- the spec -------------------------------------------------------------------------------
@@ -401,7 +626,6 @@ def test_every_pod_template_reference_counts() -> None:
     ({"rolloutRestartTargets": [{"kind": "Deployment"}]}, "rolloutRestartTargets[0].name is"),
     ({"rolloutRestartTargets": [{"kind": "Deployment", "name": "Web"}]}, "not a valid workload"),
     ({"rolloutRestartTargets": [WEB, WEB]}, "names Deployment 'web' twice"),
-    ({"rolloutRestartTargets": [{**WEB, "force": "yes"}]}, "force must be true or false"),
     ({"rolloutRestartTargets": [{"kind": "Deployment", "name": f"w{i}"} for i in range(17)]},
      "at most 16"),
     ({"minRestartInterval": "10"}, "minRestartInterval '10' is not a Go duration"),
@@ -463,14 +687,46 @@ def test_scheduler_never_restarts_within_a_window_and_never_loses_a_claim(
     assert all(b - a >= WINDOW for a, b in itertools.pairwise(stamps))
     assert len(stamps) <= version
     kube.fail_next.clear()
-    for _ in range(3):
+    for _ in range(4):
         if digest == rolled:
             break
         since = clock.t if since is None else since  # a new claim, as the holder makes
-        clock.t += WINDOW + 2.0
         out = restarter.claim(NS, "Deployment", "web", Claim(
             holder=KEY, secret=TARGET, digest=digest, since=since, window=WINDOW))
         if out.state == "done":
             rolled, since = out.digest or "", None
+        else:  # woken when it says: within a window, or the retry backoff's cap
+            assert out.at <= clock.t + max(WINDOW, RETRY_CAP)
+            clock.t = max(clock.t, out.at)
     assert rolled == digest
     assert restarter.pending() == 0
+
+
+def test_the_restart_record_keeps_the_claimants_it_just_served() -> None:
+    """himitsu.io/restarted-for is bounded (32 claimants) but never drops one the restart
+    was made for: its status write lost, the next process would restart it again."""
+    kube = FakeKube()
+    workload = kube.add_workload(NS, "Deployment", "web")
+    workload["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [
+        {"secretRef": {"name": f"s{i}"}} for i in range(MAX_SERVED + 1)]
+    clock = Clock()
+
+    def claim(r: Restarter, i: int, digest: str, window: float = 0.0) -> str:
+        return r.claim(NS, "Deployment", "web", Claim(
+            holder=f"{NS}/h{i}", secret=f"s{i}", digest=digest, since=clock.t,
+            window=window)).state
+
+    first = Restarter(kube, now=clock)
+    for i in range(MAX_SERVED):
+        assert claim(first, i, "d1") == "done"
+    clock.t += 60
+    # h0 changes again and a 33rd HimitsuSecret changes in the same window: one restart.
+    claim(first, 0, "d2", 10.0)  # collects the outcome kept for d1 (sync.rollout re-claims)
+    assert claim(first, 0, "d2", 10.0) == "waiting"
+    assert claim(first, MAX_SERVED, "d1", 10.0) == "waiting"
+    clock.t += 10
+    assert claim(first, 0, "d2", 10.0) == "done"
+    before = len(kube.restarts)
+    # h0's status write was lost; the operator restarts; h0 asks again for d2.
+    assert claim(Restarter(kube, now=clock), 0, "d2") == "done"
+    assert len(kube.restarts) == before, "d2 rolled out twice"

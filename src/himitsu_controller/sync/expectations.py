@@ -39,13 +39,12 @@ class Memory:
     # A first sync or repair wrote an answer older than its reconcile (shared, or from
     # memory while Himitsu refused): it takes only an answer asked for since this moment.
     revalidate: float | None = None
-    # The data the target holds (render.data_hash), as last written or confirmed here,
-    # and the key its rollout record is MACed with (from the token): sync.rollout.
+    # The data the target holds (render.data_hash) and the target's rollout salt, as last
+    # written or confirmed here: what sync.rollout MACs its record of the pods' data with.
     digest: str | None = None
-    mac_key: bytes | None = field(default=None, repr=False)
-    # The key and data of the last rollout step here: a record MACed under a token
-    # replaced since is still checked (sync.rollout).
-    rollout_seen: tuple[bytes, str] | None = field(default=None, repr=False)
+    salt: str | None = field(default=None, repr=False)
+    # A key derived from the token: an older version's record is checked with it (rollout).
+    legacy_key: bytes | None = field(default=None, repr=False)
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from secrets import token_hex
 from typing import Any, NoReturn
 
 import structlog
@@ -112,25 +113,9 @@ class HimitsuSecretReconciler:
             result = Result(requeue_after=requeue.delay)
         except KubeError as exc:  # a read of the target or a status patch was refused
             result = self._failed(ctx, spec, _Failure("WriteFailure", str(exc)))
-        return self._restart_owed(ctx, spec, result) if spec is not None else result
-
-    def _restart_owed(self, ctx: wakes.Context, spec: api.Spec, result: Result) -> Result:
-        """Whatever the sync did, the workloads owed a restart get it when due (a failing
-        Himitsu does not hold back a restart for data already in the target)."""
-        try:
-            wake = self._rollouts.step(
-                ctx.obj, ctx.key, spec, self._remember(ctx),
-                first_sync=ctx.status.config_version is None,
-                recheck=ctx.status.observed_generation != ctx.generation)
-        except KubeError as exc:  # the status patch: the claims are kept and retried
-            log.warning("rollout status update failed", key=ctx.key, error=str(exc))
-            wake = self._clock() + 1.0
-        if wake is None:
-            return result
-        delay = schedule.requeue_delay(self._clock(), wake)
-        if result.requeue_after is not None and 0 < result.requeue_after <= delay:
-            return result
-        return Result(requeue_after=delay, error=result.error)
+        # Whatever the sync did, the workloads owed a restart get it when due.
+        return self._rollouts.after(ctx, spec, self._remember(ctx), result) \
+            if spec is not None else result
 
     # -- the happy path -------------------------------------------------------------
 
@@ -153,9 +138,10 @@ class HimitsuSecretReconciler:
         began = self._now().timestamp()
         self._follow_spec(ctx, spec, mem, api_url)
         token = self._token(ctx.owner.namespace, spec, api_url)
-        # One string for every reader of a source, not one per HimitsuSecret's memory.
-        source = sys.intern(himitsu.source_fingerprint(
-            api_url, spec.project_id, spec.environment_id, token))
+        # One string for every reader of a source, not one per HimitsuSecret's memory;
+        # the token's key checks a rollout record an older version wrote (sync.rollout).
+        source, mem.legacy_key = sys.intern(himitsu.source_fingerprint(
+            api_url, spec.project_id, spec.environment_id, token)), rollout.legacy_key(token)
         target = self._read_target(ctx, spec, mem)
         try:
             targets.check_ownership(
@@ -176,7 +162,7 @@ class HimitsuSecretReconciler:
         result, retry = self._fetch(
             ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
             api_url=api_url, floor=floor, fallback=not intact)
-        mem.source, mem.mac_key = source, rollout.mac_key(token)
+        mem.source = source
         polled = self._now().timestamp()
         answered = polled - result.age
         if retry is not None or (not intact and answered < began):
@@ -190,9 +176,8 @@ class HimitsuSecretReconciler:
         if timed:
             metrics.observe_lateness(polled - (mem.due or polled))
         if isinstance(result, himitsu.NotModified):
-            data_changed, mem.digest = False, targets.annotations_of(target).get(
-                api.ANN_DATA_HASH, mem.digest)  # what the rollout record is compared with
-            count = ctx.status.secret_count
+            data_changed, count = False, ctx.status.secret_count
+            rollout.note_held(mem, target)  # what the rollout record is compared with
             metrics.count_sync("not_modified")
         else:
             rendered = self._render(spec, result.secrets)
@@ -348,7 +333,8 @@ class HimitsuSecretReconciler:
     ) -> bool:
         try:
             done = writes.write(self._kube, owner=ctx.owner, spec=spec, target=target,
-                                rendered=rendered, version=version)
+                                rendered=rendered, version=version,
+                                salt=mem.salt or token_hex(16))
         except writes.Refused as exc:
             raise _Failure(exc.reason, exc.message) from None
         except writes.Raced as exc:
@@ -366,7 +352,7 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.races = 0
-        mem.digest = render.data_hash(rendered)
+        rollout.note_held(mem, done.secret)
         mem.expect(resource_version(done.secret))
         if done.wrote:
             mem.read_live = False

@@ -16,33 +16,46 @@ write failed) gets the same answer, not a second restart.
 Nothing sleeps or runs on its own: the reconciles drive it (``claim`` answers "wait until
 T", "done" or "failed, retry at T"), on whatever clock they are given.
 
+A restart is made once for every claim it serves, so a claim is served without restarting
+again when the workload was restarted after the claim's data was already in the target
+(``changed``: the restart's pods read it), even by a restart made for another claimant,
+in another process: two HimitsuSecrets owed a restart of one workload when the operator
+restarts or the Lease moves get one, not one each. And every window opens no earlier
+than the workload's last restart known here, so a claim older than that restart (made
+before an operator restart) does not cut the next window short.
+
 Before patching, the workload is read: a missing one has nothing to restart (its pods,
-once created, read the Secret as it is); one whose pod template reads none of the
-claimants' Secrets is not restarted (``sync.references``) unless a claim says ``force``.
-A refused patch keeps every claim and is retried with backoff (1 s doubling to 5 min).
+once created, read the Secret as it is); a claim whose Secret its pod template does not
+read (``sync.references``) is skipped, unless the workload's owner allows its holder
+(``himitsu.io/allow-restart-by`` on the workload). A refused patch keeps every
+claim and is retried with backoff (1 s doubling to 5 min).
 
 The patch also records, in ``himitsu.io/restarted-for`` beside ``restartedAt``, which
 data each claimant's restart rolled out (its MAC: ``sync.rollout``). That record and the
 restart are one write, so a claim found there is served without restarting again, even
-when the operator stopped between the patch and the claimant's status write.
+when the operator stopped between the patch and the claimant's status write. It keeps
+every claimant of the restart, and as many others as fit in 32, the latest first.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from himitsu_controller import api, metrics
 from himitsu_controller.sync.ports import KubeError, Workloads
-from himitsu_controller.sync.references import secrets_read
+from himitsu_controller.sync.references import allows_restart_by, secrets_read
 
 __all__ = ["Claim", "Outcome", "Restarter", "restarted_at"]
 
 RETRY_FIRST, RETRY_CAP = 1.0, 300.0
 MAX_SERVED = 32  # claimants remembered in himitsu.io/restarted-for (the latest)
+# A restart this long after a claim's data was first seen in the target rolled it out
+# (the clocks of two operator replicas, the restartedAt stamp's and the claim's, may differ).
+CLOCK_SLACK = 1.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,9 @@ class Claim:
     digest: str  # the MAC of the data a restart now would roll out (sync.rollout)
     since: float  # epoch seconds: the change that opened the claim
     window: float  # the holder's minRestartInterval
-    force: bool = False
+    # Epoch seconds: when the target was first seen holding ``digest`` (None: unknown); a
+    # restart after it rolled that data out.
+    changed: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,7 @@ class _Slot:
     done: dict[str, Outcome] = field(default_factory=dict)
     failures: int = 0
     retry_at: float = 0.0
+    restarted: float = 0.0  # the workload's last restart known here (epoch; 0: none)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -111,11 +127,17 @@ class Restarter:
                 del slot.done[claim.holder]
                 self._drop_if_idle(key, slot, claim.holder)
             return done
+        if _rolled_out(claim, slot.restarted):  # by a restart made for another claimant
+            slot.claims.pop(claim.holder, None)
+            metrics.count_rollout("coalesced")
+            done = slot.done[claim.holder] = Outcome(
+                "done", slot.restarted, "coalesced", claim.digest)
+            return done
         previous = slot.claims.get(claim.holder)
         if previous is not None and previous.digest != claim.digest:
             metrics.count_rollout("coalesced")  # a further change, batched
         slot.claims[claim.holder] = claim
-        due = min(c.since + c.window for c in slot.claims.values())
+        due = _due(slot.claims.values(), slot.restarted)
         at = max(due, slot.retry_at)
         now = self._now()
         if now < at:
@@ -172,27 +194,8 @@ class Restarter:
                     f"{kind} {name!r} not found: nothing to restart") for c in claims}
                 metrics.count_rollout("missing", len(claims))
             else:
-                read = secrets_read(workload)
-                wanted = [c for c in claims if c.force or c.secret in read]
-                served = _served(workload)
-                fresh = [c for c in wanted if served.get(_name(c.holder)) != c.digest]
-                if fresh:
-                    served.update({_name(c.holder): c.digest for c in wanted})
-                    self._workloads.restart_workload(namespace, kind, name, annotations={
-                        api.ANN_RESTARTED_AT: restarted_at(now),
-                        api.ANN_RESTARTED_FOR: ",".join(
-                            f"{k}={v}" for k, v in list(served.items())[-MAX_SERVED:])})
-                    metrics.count_rollout("restarted")
-                    metrics.count_rollout("coalesced", len(fresh) - 1)
-                at = now if fresh else _restarted(workload, now)
-                outcomes = {c.holder: Outcome(
-                    "done", at, "restarted" if c.holder == holder else "coalesced", c.digest,
-                ) for c in wanted}
-                skipped = [c for c in claims if c not in wanted]
-                metrics.count_rollout("skipped_unreferenced", len(skipped))
-                outcomes.update({c.holder: Outcome(
-                    "done", now, "skipped_unreferenced", c.digest,
-                    unreferenced(kind, name, c.secret)) for c in skipped})
+                outcomes = self._serve(key, slot, workload, claims=claims, holder=holder,
+                                       now=now)
         except KubeError as exc:
             slot.failures += 1
             delay = min(RETRY_FIRST * 2 ** (slot.failures - 1), RETRY_CAP)
@@ -202,10 +205,66 @@ class Restarter:
             return Outcome("failed", slot.retry_at, "failed",
                            message=f"restarting {kind} {name!r} failed: {exc}; retrying "
                                    "with backoff")
-        slot.claims.clear()
-        slot.failures, slot.retry_at = 0, 0.0
+        for answered in outcomes:
+            del slot.claims[answered]
+        if not slot.claims:
+            slot.failures, slot.retry_at = 0, 0.0
         slot.done.update(outcomes)
-        return outcomes[holder]
+        return outcomes.get(holder) or Outcome(
+            "waiting", max(_due(slot.claims.values(), slot.restarted), slot.retry_at))
+
+    def _serve(self, key: tuple[str, str, str], slot: _Slot, workload: dict[str, Any], *,
+               claims: list[Claim], holder: str, now: float) -> dict[str, Outcome]:
+        """The outcomes of the claims the workload as read settles; the others (none
+        when the restart is made) wait for the window the workload's last restart opened."""
+        namespace, kind, name = key
+        slot.restarted = max(slot.restarted, _restarted(workload, 0.0))
+        read, served = secrets_read(workload), _served(workload)
+        outcomes: dict[str, Outcome] = {}
+        wanted: list[Claim] = []
+        fresh: list[Claim] = []
+        for c in claims:
+            if c.secret not in read and not allows_restart_by(workload, _name(c.holder)):
+                metrics.count_rollout("skipped_unreferenced")
+                outcomes[c.holder] = Outcome("done", now, "skipped_unreferenced", c.digest,
+                                             unreferenced(kind, name, c.secret, c.holder))
+                continue
+            wanted.append(c)
+            if served.get(_name(c.holder)) == c.digest:  # the status write was lost
+                outcomes[c.holder] = Outcome("done", slot.restarted or now, "coalesced",
+                                             c.digest)
+            elif _rolled_out(c, slot.restarted):
+                metrics.count_rollout("coalesced")
+                outcomes[c.holder] = Outcome("done", slot.restarted, "coalesced", c.digest)
+            else:
+                fresh.append(c)
+        if not fresh or now < _due(fresh, slot.restarted):
+            return outcomes
+        for c in wanted:  # the claimants of this restart last: the latest kept
+            served.pop(_name(c.holder), None)
+            served[_name(c.holder)] = c.digest
+        kept = list(served.items())[-max(MAX_SERVED, len(wanted)):]
+        self._workloads.restart_workload(namespace, kind, name, annotations={
+            api.ANN_RESTARTED_AT: restarted_at(now),
+            api.ANN_RESTARTED_FOR: ",".join(f"{k}={v}" for k, v in kept)})
+        slot.restarted = now
+        metrics.count_rollout("restarted")
+        metrics.count_rollout("coalesced", len(fresh) - 1)
+        outcomes.update({c.holder: Outcome(
+            "done", now, "restarted" if c.holder == holder else "coalesced", c.digest,
+        ) for c in fresh})
+        return outcomes
+
+
+def _due(claims: Iterable[Claim], restarted: float) -> float:
+    """When claims sharing a workload are due: at the earliest close of their windows,
+    none opening before the workload's last restart."""
+    return min(max(c.since, restarted) + c.window for c in claims)
+
+
+def _rolled_out(claim: Claim, restarted: float) -> bool:
+    """A restart at ``restarted`` (epoch) rolled out the data ``claim`` asks for."""
+    return claim.changed is not None and restarted >= claim.changed + CLOCK_SLACK
 
 
 def _name(holder: str) -> str:
@@ -226,7 +285,8 @@ def _restarted(workload: dict[str, Any], default: float) -> float:
     return when.timestamp() if when is not None else default
 
 
-def unreferenced(kind: str, name: str, secret: str) -> str:
+def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:
     return (f"{kind} {name!r} does not read Secret {secret!r} (no envFrom, env valueFrom, "
-            "volume or projected volume names it): not restarted; set force: true on its "
-            "rolloutRestartTargets entry to restart it anyway")
+            "or mounted secret or projected volume names it): not restarted; its owner may "
+            f"allow it with the annotation {api.ANN_ALLOW_RESTART_BY}={_name(holder)} "
+            "(or *) on the workload")

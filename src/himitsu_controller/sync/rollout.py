@@ -4,8 +4,10 @@ Environment variables are read once, at container start, so a changed Secret rea
 application only through new pods. The rule is on bytes, not on events: for each entry of
 ``rolloutRestartTargets`` the status records a MAC of the data the workload's pods were
 last (re)started with (``dataMac``). A restart is owed exactly while the data the target
-holds differs from it, and the claim opened then (``pendingSince``, also in status) is
-handed to the shared scheduler (``sync.restarter``), which batches and coalesces.
+holds differs from it, and the claim opened then (``pendingSince``, also in status, with
+the MAC of the data owed and when the target was first seen holding it: ``pendingMac``,
+``changedAt``) is handed to the shared scheduler (``sync.restarter``), which batches and
+coalesces.
 
 So a 304, a new configVersion that renders the same bytes, a repair that puts back the
 bytes the pods have, or a force-sync that changes nothing owes nothing; a change that
@@ -15,12 +17,19 @@ because the record only moves once the restart (or the finding that none is need
 done. A target entry seen for the first time takes the data as it is as what its pods
 have (``rolloutRestartOnCreate`` makes a HimitsuSecret's first sync owe a restart).
 
-The MAC is keyed by the token (HMAC-SHA256 of the data digest, keyed with a hash of
-the token): status is readable by whoever may read HimitsuSecrets, and a plain digest
-there would let them confirm guesses of a Secret they cannot read. When the token
-changes, this process checks the record with the old token's key (it remembers the key
-and data of its last look) and carries it over; a process that never saw the old token
-cannot, and takes the record as matching (no restart) unless a restart was owed already.
+What the target holds is the digest its ``himitsu.io/data-hash`` records: as this process
+last wrote or confirmed it, else (a fetch failed after an operator restart) as the cached
+target shows it when it holds what we wrote. So neither Himitsu nor the token holds back
+a restart owed for data already in the Secret.
+
+The MAC is keyed by a random salt kept on the target Secret (``himitsu.io/rollout-salt``,
+seen only by those who may read the data anyway): status is readable by whoever may read
+HimitsuSecrets, and a plain digest there would let them confirm guesses of a Secret they
+cannot read. The salt survives token rotations and operator restarts; a target recreated
+while no process remembers its salt gets a new one (``saltId`` in status tells), and its
+record is taken as matching (no restart) unless a restart was owed already. Records an
+older version wrote (MACs keyed by the token, ``keyId``) are checked with the token and
+carried over once the target has a salt, deciding exactly as that version would.
 """
 
 from __future__ import annotations
@@ -34,31 +43,42 @@ from typing import Any
 import structlog
 
 from himitsu_controller import api, metrics
+from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync import schedule
+from himitsu_controller.sync import targets as target_rules
 from himitsu_controller.sync.expectations import Memory
 from himitsu_controller.sync.ports import Kube, KubeError
-from himitsu_controller.sync.references import secrets_read
+from himitsu_controller.sync.references import allows_restart_by, secrets_read
 from himitsu_controller.sync.restarter import Claim, Outcome, Restarter, unreferenced
 from himitsu_controller.sync.status import StatusWriter, bounded
+from himitsu_controller.sync.wakes import Context
 
-__all__ = ["Rollouts", "mac_key", "pending"]
+__all__ = ["Rollouts", "legacy_key", "note_held", "pending"]
 
 log = structlog.get_logger(__name__)
+_PENDING = ("pendingSince", "pendingMac", "changedAt")
 
 
-def mac_key(token: str) -> bytes:
+def _mac(salt: str, digest: str) -> str:
+    return hmac.new(salt.encode(), digest.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _salt_id(salt: str) -> str:
+    return hashlib.sha256(b"himitsu-rollout-salt\x00" + salt.encode()).hexdigest()[:12]
+
+
+def legacy_key(token: str) -> bytes:
+    """The key an older version MACed the record with (``keyId``): read to migrate it."""
     return hashlib.sha256(b"himitsu-rollout\x00" + token.encode()).digest()
-
-
-def _mac(key: bytes, digest: str) -> str:
-    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()[:32]
-
-
-def _key_id(key: bytes) -> str:
-    return hashlib.sha256(key).hexdigest()[:12]
 
 
 def _stamp(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _epoch(text: Any) -> float | None:
+    when = api.parse_time(str(text or ""))
+    return when.timestamp() if when is not None else None
 
 
 def pending(obj: Mapping[str, Any]) -> bool:
@@ -68,13 +88,25 @@ def pending(obj: Mapping[str, Any]) -> bool:
         isinstance(e, Mapping) and e.get("pendingSince") for e in entries)
 
 
-def _rekeyed(entry: Mapping[str, Any], seen: tuple[bytes, str] | None, key: bytes, *,
-             current: str) -> str:
-    """The record under the new token's ``key``: checked with the old key and data when
-    this process saw them; else the data as it is (``""``: owed, if it was owed)."""
-    if seen is not None and entry.get("keyId") == _key_id(seen[0]):
-        return _mac(key, seen[1]) if entry.get("dataMac") == _mac(*seen) else ""
-    return "" if entry.get("pendingSince") else current
+def note_held(mem: Memory, target: Mapping[str, Any] | None) -> None:
+    """What the target now holds, by its stamps (data-hash, rollout salt), written or
+    confirmed by this process: what the record is compared with."""
+    ann = target_rules.annotations_of(target)
+    mem.digest = ann.get(api.ANN_DATA_HASH, mem.digest)
+    mem.salt = ann.get(api.ANN_ROLLOUT_SALT, mem.salt)
+
+
+def _migrated(entry: dict[str, Any], key: bytes | None, digest: str, mac: str) -> bool:
+    """An older version's record (``keyId``, MACs keyed by the token) under the salt's
+    ``mac``, decided as that version would have; False: not yet (no token read here)."""
+    if key is None:
+        return False
+    if entry.pop("keyId") == hashlib.sha256(key).hexdigest()[:12]:
+        old = hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()[:32]
+        entry["dataMac"] = mac if entry.get("dataMac") == old else ""
+    else:  # keyed by a token replaced before the upgrade and never checked since
+        entry["dataMac"] = "" if entry.get("pendingSince") else mac
+    return True
 
 
 class Rollouts:
@@ -84,28 +116,40 @@ class Rollouts:
         self._now = now
         self.restarter = Restarter(kube, now=now)
 
-    def step(self, obj: dict[str, Any], key: str, spec: api.Spec, mem: Memory, *,
-             first_sync: bool, recheck: bool) -> float | None:
-        """Settle the restarts ``obj``'s workloads owe; when to be woken (epoch), if ever.
+    def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:
+        """``result`` of a reconcile (whatever the sync did), woken in time for the
+        restarts owed: a failing Himitsu does not hold back one for data in the target."""
+        try:
+            wake = self.step(ctx, spec, mem)
+        except KubeError as exc:  # the status patch: the claims are kept and retried
+            log.warning("rollout status update failed", key=ctx.key, error=str(exc))
+            wake = self._now() + 1.0
+        if wake is None:
+            return result
+        delay = schedule.requeue_delay(self._now(), wake)
+        if result.requeue_after is not None and 0 < result.requeue_after <= delay:
+            return result
+        return Result(requeue_after=delay, error=result.error)
 
-        ``mem.digest``: the data the target holds, as this process last wrote or
-        confirmed it (None: not yet known here; then nothing is decided)."""
+    def step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
+        """Settle the restarts ``ctx.obj``'s workloads owe; when to be woken (epoch), if
+        ever. Nothing is decided while what the target holds is not known."""
+        key, obj = ctx.key, ctx.obj
         previous = self._status.rollout_entries(key, obj)
         targets = spec.rollout.targets
         self.restarter.release(key, keep=frozenset(
             (key.partition("/")[0], t.kind, t.name) for t in targets))
-        if mem.digest is None or mem.mac_key is None:
-            return None
         if not targets and not previous:
+            return None
+        held = self._held(ctx, spec, mem)
+        if held is None:
             return None
         old = {(str(e.get("kind")), str(e.get("name"))): e for e in previous}
         entries, wakes = [], []
-        seen, mem.rollout_seen = mem.rollout_seen, (mem.mac_key, mem.digest)
         for target in targets:
             entry = dict(old.get((target.kind, target.name)) or
                          {"kind": target.kind, "name": target.name})
-            wake = self._settle(key, spec, target, entry, mem, seen=seen,
-                                first_sync=first_sync, recheck=recheck)
+            wake = self._settle(ctx, spec, target, entry=entry, mem=mem, held=held)
             if wake is not None:
                 wakes.append(wake)
             self._report(obj, target, spec.target.name,
@@ -114,11 +158,24 @@ class Rollouts:
         self._status.rollouts(key, obj, entries)
         return min(wakes) if wakes else None
 
-    def _settle(self, key: str, spec: api.Spec, target: api.RolloutTarget,
-                entry: dict[str, Any], mem: Memory, *, seen: tuple[bytes, str] | None,
-                first_sync: bool, recheck: bool) -> float | None:
-        assert mem.digest is not None and mem.mac_key is not None
-        namespace = key.partition("/")[0]
+    def _held(self, ctx: Context, spec: api.Spec, mem: Memory) -> tuple[str, str] | None:
+        """The digest of the data the target holds and its salt: as this process last
+        wrote or confirmed them, else as the cached target shows them when it holds what
+        we wrote at status.configVersion (its data-hash is then its data's)."""
+        if mem.digest is not None and mem.salt is not None:
+            return mem.digest, mem.salt
+        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
+        if not target_rules.holds_data(target, owner=ctx.owner, spec=spec,
+                                       version=ctx.status.config_version):
+            return None
+        ann = target_rules.annotations_of(target)
+        digest, salt = ann.get(api.ANN_DATA_HASH), ann.get(api.ANN_ROLLOUT_SALT)
+        return (digest, salt) if digest and salt else None
+
+    def _settle(self, ctx: Context, spec: api.Spec, target: api.RolloutTarget, *,
+                entry: dict[str, Any], mem: Memory, held: tuple[str, str]) -> float | None:
+        namespace = ctx.owner.namespace
+        recheck = ctx.status.observed_generation != ctx.generation
         if not target.supported:
             entry.clear()
             entry.update(kind=target.kind, name=target.name, warning=(
@@ -126,33 +183,41 @@ class Rollouts:
                 f"{', '.join(api.WORKLOAD_KINDS)}"))
             return None
         now = self._now()
-        mac, key_id = _mac(mem.mac_key, mem.digest), _key_id(mem.mac_key)
+        digest, salt = held
+        mac, salt_id = _mac(salt, digest), _salt_id(salt)
+        if "keyId" in entry and not _migrated(entry, mem.legacy_key, digest, mac):
+            return None  # an older version's record: kept as it is until the token is read
         if "dataMac" not in entry:  # a new entry: the pods have what the target holds
+            first_sync = ctx.status.config_version is None
             entry["dataMac"] = "" if first_sync and spec.rollout.on_create else mac
             recheck = True
-        elif entry.get("keyId") != key_id:  # another token
-            entry["dataMac"] = _rekeyed(entry, seen, mem.mac_key, current=mac)
-        entry["keyId"] = key_id
+        elif entry.get("saltId", salt_id) != salt_id:  # a salt nobody here remembers
+            entry["dataMac"] = "" if entry.get("pendingSince") else mac
+        entry["saltId"] = salt_id
         if recheck:
-            self._check(namespace, target, spec.target.name, entry)
+            self._check(namespace, target, spec.target.name, ctx.key, entry)
         if entry["dataMac"] == mac:
             if entry.pop("pendingSince", None) is not None:
-                self.restarter.withdraw(namespace, target.kind, target.name, key)
+                self.restarter.withdraw(namespace, target.kind, target.name, ctx.key)
+            for name in _PENDING:
+                entry.pop(name, None)
             return None
         entry.setdefault("pendingSince", _stamp(now))
+        if entry.get("pendingMac") != mac:  # the target holds this data since now, or before
+            entry["pendingMac"], entry["changedAt"] = mac, _stamp(now)
         for _ in range(2):  # once more when the data changed again after a restart
-            since = api.parse_time(str(entry["pendingSince"]))
             outcome = self.restarter.claim(namespace, target.kind, target.name, Claim(
-                holder=key, secret=spec.target.name, digest=mac,
-                since=since.timestamp() if since else now,
-                window=spec.rollout.min_interval, force=target.force))
+                holder=ctx.key, secret=spec.target.name, digest=mac,
+                since=_epoch(entry["pendingSince"]) or now, window=spec.rollout.min_interval,
+                changed=_epoch(entry["changedAt"])))
             if outcome.state != "done":
                 if outcome.message:
                     entry["warning"] = bounded(outcome.message)
                 return outcome.at
             self._done(entry, outcome)
             if entry["dataMac"] == mac:
-                entry.pop("pendingSince", None)
+                for name in _PENDING:
+                    entry.pop(name, None)
                 return None
             entry["pendingSince"] = _stamp(now)
         return now
@@ -166,7 +231,7 @@ class Rollouts:
         else:
             entry["warning"] = outcome.message
 
-    def _check(self, namespace: str, target: api.RolloutTarget, secret: str,
+    def _check(self, namespace: str, target: api.RolloutTarget, secret: str, holder: str,
                entry: dict[str, Any]) -> None:
         """Say at once (not only at the first data change) what a restart would find."""
         try:
@@ -176,8 +241,9 @@ class Rollouts:
             return
         if workload is None:
             entry["warning"] = f"{target.kind} {target.name!r} not found: nothing to restart"
-        elif not target.force and secret not in secrets_read(workload):
-            entry["warning"] = unreferenced(target.kind, target.name, secret)
+        elif secret not in secrets_read(workload) and not allows_restart_by(
+                workload, holder.partition("/")[2]):
+            entry["warning"] = unreferenced(target.kind, target.name, secret, holder)
         else:
             entry.pop("warning", None)
 

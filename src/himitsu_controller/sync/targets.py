@@ -165,13 +165,15 @@ def holds_data(
 def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
     """Every label, annotation and reference we stamp is still there: a pruned one (a
     GitOps tool's doing) is put back by the full sync a mismatch asks for, and a removed
-    controller reference would leave the Secret to outlive its owner."""
+    controller reference would leave the Secret to outlive its owner. With workloads to
+    restart, that includes a rollout salt (any: it is random)."""
     if secret is None:
         return False
     meta = secret.get("metadata") or {}
     return (
         _holds(labels(secret), _stamped_labels(spec))
         and _holds(annotations_of(secret), _stamped_annotations(spec, owner))
+        and (not spec.rollout.targets or bool(annotations_of(secret).get(api.ANN_ROLLOUT_SALT)))
         and (spec.target.creation_policy != "Owner"
              or _owner_ref(owner) in (meta.get("ownerReferences") or []))
     )
@@ -204,10 +206,11 @@ def _owner_ref(owner: Owner) -> dict[str, Any]:
 
 def desired_secret(
     existing: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
-    rendered: Mapping[str, str], version: int,
+    rendered: Mapping[str, str], version: int, salt: str | None = None,
 ) -> dict[str, Any]:
     """The full Secret we want, built on top of ``existing`` so foreign metadata survives
-    (a whole Secret: a summary has no values to keep)."""
+    (a whole Secret: a summary has no values to keep). A HimitsuSecret that names workloads
+    to restart keeps the target's rollout salt, or stamps ``salt`` (``sync.rollout``)."""
     if summary.is_summary(existing):
         raise ValueError("a cached Secret summary is no base for a write")
     policy = spec.target.creation_policy
@@ -242,6 +245,8 @@ def desired_secret(
         api.ANN_SOURCE: spec.source_hash(),
         api.ANN_DATA_HASH: data_hash(rendered),
     })
+    if spec.rollout.targets and salt and not ann.get(api.ANN_ROLLOUT_SALT):
+        ann[api.ANN_ROLLOUT_SALT] = salt
     if policy == "Merge":
         ann[api.ANN_MANAGED_KEYS] = ",".join(sorted(rendered))
     else:

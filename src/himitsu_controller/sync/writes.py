@@ -68,9 +68,10 @@ class Written:
 
 def write(
     kube: Kube, *, owner: targets.Owner, spec: api.Spec, target: dict[str, Any] | None,
-    rendered: dict[str, str], version: int,
+    rendered: dict[str, str], version: int, salt: str | None = None,
 ) -> Written:
-    """Bring ``target`` (None: there is none) to what ``spec`` and ``rendered`` ask for.
+    """Bring ``target`` (None: there is none) to what ``spec`` and ``rendered`` ask for;
+    ``salt``: the rollout salt stamped on a target that carries none (``targets``).
 
     Raises Refused (nothing was written), Raced, or KubeError (a write was refused; for
     a replacement, only ever the create after the delete, which the dry run vouched for).
@@ -92,7 +93,7 @@ def write(
         desired = targets.desired_secret(
             _carried_over(target, spec) if target is not None and replacing else target,
             owner=owner, spec=spec,
-            rendered=rendered, version=version)
+            rendered=rendered, version=version, salt=salt)
     except targets.TargetConflict as exc:
         raise Refused("TargetConflict", str(exc)) from None
     try:
