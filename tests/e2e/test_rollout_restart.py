@@ -1,8 +1,9 @@
 """rolloutRestartTargets on a real apiserver (issue 16): a Deployment consuming the target
 is restarted (its pod template's himitsu.io/restartedAt changes) exactly once per data
 change, never on a 304 poll, a repair or a force-sync that changes nothing; three quick
-rotations are one restart; a workload that does not read the Secret is warned about and
-left alone.
+rotations are one restart; a workload that does not read the Secret (a secret volume no
+container mounts does not count) is warned about and left alone, unless its owner allows
+the HimitsuSecret on the workload itself (himitsu.io/allow-restart-by).
 
 The local control plane runs no kubelet, so no pod starts: what is proved is the template
 annotation (what `kubectl rollout restart` changes) and the Deployment's
@@ -26,15 +27,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
 WEB = "web"
 
 
-def deployment(reads: str | None) -> dict[str, Any]:
+def deployment(reads: str | None, *, unmounted: str | None = None) -> dict[str, Any]:
+    """``reads`` through envFrom; ``unmounted``: a secret volume of it no container mounts."""
     container: dict[str, Any] = {"name": "app", "image": "example.com/app:1"}
     if reads is not None:
         container["envFrom"] = [{"secretRef": {"name": reads}}]
     labels = {"app": WEB}
+    pod: dict[str, Any] = {"containers": [container]}
+    if unmounted is not None:
+        pod["volumes"] = [{"name": "unused", "secret": {"secretName": unmounted}}]
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": WEB},
             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [container]}}}}
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
 
 
 def deployment_path(ns: str, name: str | None = None) -> str:
@@ -46,9 +50,9 @@ class Rollout:
     """One HimitsuSecret naming Deployment ``web``, and what to watch on it."""
 
     def __init__(self, h: Harness, ns: str, *, reads: str | None = "app-secrets",
-                 window: str = "2s") -> None:
+                 unmounted: str | None = None, window: str = "2s") -> None:
         self.h, self.ns = h, ns
-        self.h.kube.create(deployment_path(ns), deployment(reads))
+        self.h.kube.create(deployment_path(ns), deployment(reads, unmounted=unmounted))
         self.env, self.values = h.environment("API_KEY", "DB_PASSWORD")
         h.token_secret(ns, h.token_for(self.env))
         body = hsec_body("app", self.env, api_url=h.standin.api_url, target="app-secrets",
@@ -140,4 +144,25 @@ def test_a_workload_not_reading_the_secret_is_warned_about_and_not_restarted(
     rollout.rotate("ignored")
     rollout.polls_pass(4)
     assert rollout.restarts() == 0 and rollout.restarted_at() is None
+    h.wait_ready(ns, "app")
+
+
+def test_an_unmounted_volume_is_no_reference_and_the_workload_s_consent_allows_a_restart(
+        h: Harness, ns: str) -> None:
+    rollout = Rollout(h, ns, reads=None, unmounted="app-secrets", window="0")
+    wait_for(lambda: [e for e in h.events(ns, "app")
+                      if e["type"] == "Warning" and e["reason"] == "RolloutRestartSkipped"],
+             timeout=30, what="a Warning Event about the workload")
+    assert f"{api.ANN_ALLOW_RESTART_BY}=app" in rollout.entry()["warning"]
+    rollout.rotate("ignored")
+    rollout.polls_pass(4)
+    assert rollout.restarts() == 0 and rollout.restarted_at() is None
+
+    h.kube.merge_patch(deployment_path(ns, WEB), {"metadata": {"annotations": {
+        api.ANN_ALLOW_RESTART_BY: "app"}}})  # the workload's owner consents
+    consented = rollout.restarts()  # a Deployment's annotations count as a change too
+    rollout.rotate("allowed")
+    wait_for(rollout.restarted_at, timeout=30, what="the restart the workload allows")
+    rollout.polls_pass(4)
+    assert rollout.restarts() == consented + 1 and "warning" not in rollout.entry()
     h.wait_ready(ns, "app")
