@@ -78,6 +78,9 @@ class FakeKube:
         self.restarts: list[tuple[str, str, str, str]] = []
         self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
         self.calls: Counter[str] = Counter()
+        # The GETs of a Secret the real adapter would send: fresh reads, and reads the
+        # informer cannot answer (not labelled as ours, or no such Secret) unless ``cached``.
+        self.direct_reads = 0
         self.order: list[str] = []  # every call, in order
         self.forgotten: list[Key] = []
         # Exceptions to raise from the next call of a method (one per entry).
@@ -168,11 +171,15 @@ class FakeKube:
                          "get_secret_cached" if cached else "get_secret")
         key = (namespace, name)
         if fresh:
+            self.direct_reads += 1
             return copy.deepcopy(self.secrets.get(key))
         found = self._frozen_secrets[key] if key in self._frozen_secrets else \
             self.secrets.get(key)
         if found is None or not _labelled(found):
-            return None if cached else copy.deepcopy(found)
+            if cached:
+                return None
+            self.direct_reads += 1
+            return copy.deepcopy(found)
         return summary.secret(copy.deepcopy(found))  # what the informer keeps
 
     def read_secret_value(

@@ -62,7 +62,11 @@ def defer_after_restart(
     remaining = min(last.timestamp() + interval - now, interval)
     if interval > 0 and schedule.is_due(now, now + remaining):
         return None
-    target = kube.get_secret(ctx.owner.namespace, spec.target.name)
+    # The informer's copy only: a consistent target carries our himitsu.io/managed label,
+    # the informer's selector, so a miss is a target to sync (gone, pruned, someone
+    # else's), which ``_read_target`` reads directly if it must. A direct read here cost
+    # a second GET of each missing target after a restart (a cold sync: 2 per object).
+    target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
     if not targets.is_consistent(
         target, owner=ctx.owner, spec=spec, version=status.config_version,
     ):
