@@ -33,6 +33,7 @@ from himitsu_controller.runtime.leaderelection import (
     default_identity,
 )
 from himitsu_controller.runtime.manager import Manager
+from himitsu_controller.runtime.pager import lists_from_snapshots
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.runtime.writegate import WriteGate
@@ -221,16 +222,19 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     election = (_leader_election(elector_client(args.kubeconfig), args, gate)
                 if gate is not None else None)  # bad flags stop us before any waiting
     _check_reachable(rest, args.namespace, stop=stop)
+    # Lists in pages where the watch cache serves them so: a restart's first lists are
+    # never decoded whole (runtime/pager.py).
+    snapshots = lists_from_snapshots(rest)
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
         indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},
-        transform=summary.himitsu_secret, shared=summary.SHARED,
+        transform=summary.himitsu_secret, shared=summary.SHARED, list_snapshots=snapshots,
     )
     # Summaries, never values: a write reads its target afresh (sync/summary.py).
     secrets = Informer(
         rest, kube.SECRETS, namespace=args.namespace, name="secrets",
         label_selector=f"{api.LABEL_MANAGED}=true", transform=summary.secret,
-        shared=summary.SHARED,
+        shared=summary.SHARED, list_snapshots=snapshots,
     )
     # One line per API key and URL: the poller's first attempts and the client's retries.
     pacer = pacing.Pacer()

@@ -121,6 +121,10 @@ class FakeApiServer:
         self.resource_version = 100
         self.expire_continue = 0
         self.watch_cache = False
+        # kube-apiserver 1.34+: the watch cache serves paginated lists too (list snapshots);
+        # ``version`` is what GET /version answers (None: 404).
+        self.list_snapshots = False
+        self.version: dict[str, str] | None = None
         self.collections = {"widgets", "configmaps", "secrets", "leases"}  # LIST, not GET
         self.compacted = 0
         self.list_sources: list[str] = []
@@ -229,6 +233,8 @@ class FakeApiServer:
                 return Canned(504, too_large_body(int(version), self.resource_version))
             from_cache = self.watch_cache and not token and (
                 version == "0" or (version != "" and "limit" not in query))
+            snapshots = self.watch_cache and self.list_snapshots
+            from_cache = from_cache or snapshots
             self.list_sources.append("cache" if from_cache else "etcd")
             if not from_cache and version not in ("", "0") and not token \
                     and int(version) < self.compacted:
@@ -238,7 +244,8 @@ class FakeApiServer:
                 return Canned(410, status_body(410, "Expired", "continue token too old"))
             ordered = [self.objects[key] for key in sorted(self.objects)]
             start = int(token) if token else 0
-            limit = int(query["limit"]) if "limit" in query and not from_cache else len(ordered)
+            paged = "limit" in query and not (from_cache and (version == "0" or not snapshots))
+            limit = int(query["limit"]) if paged else len(ordered)
             page = ordered[start:start + limit]
             metadata: dict[str, Any] = {"resourceVersion": str(self.resource_version)}
             if start + limit < len(ordered):
@@ -289,6 +296,8 @@ def _make_handler(server: FakeApiServer) -> type[http.server.BaseHTTPRequestHand
             if self.command == "GET" and query.get("watch") == "true":
                 server._open_watch(query).serve(self)
                 return None
+            if self.command == "GET" and path == "/version" and server.version is not None:
+                return Canned(200, server.version)
             if self.command == "GET":
                 last = path.rstrip("/").split("/")[-1]
                 collection = last in server.collections

@@ -124,9 +124,9 @@ def test_a_merge_target_is_written_on_its_values_read_at_that_moment() -> None:
     fleet.clock.advance(3600)
     fleet.kube.direct_reads = 0
     fleet.reconcile_all(fetched(6, values(3)))
-    for target in fleet.targets():
-        assert target is not None
-        data = unb64(target["data"])
+    for written in fleet.targets():
+        assert written is not None
+        data = unb64(written["data"])
         assert data == {"HELM_KEY": "v1", "LATE_KEY": "added while down", **values(3)}
-        assert target["metadata"]["annotations"][api.ANN_CONFIG_VERSION] == "6"
+        assert written["metadata"]["annotations"][api.ANN_CONFIG_VERSION] == "6"
     assert fleet.kube.direct_reads <= N

@@ -116,13 +116,15 @@ class Informer:
                  page_size: int = 500, indexers: Mapping[str, IndexFunc] | None = None,
                  name: str | None = None, watch_read_timeout: float = 90.0,
                  transform: Transform | None = None, shared: Collection[str] = (),
+                 list_snapshots: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
                  sleep: Callable[[threading.Event, float], object] | None = None) -> None:
         """``sleep(stop, seconds)`` is how backoffs wait (default ``stop.wait``);
         ``transform`` reduces each object before it is cached (``runtime.transform``:
         managedFields are dropped whatever it is); the cache interns every key, and the
-        values of the fields named in ``shared``."""
+        values of the fields named in ``shared``; ``list_snapshots``: the server's watch
+        cache serves paginated lists, so every list comes in pages (``pager``)."""
         self.store = Store(indexers)
         self.resource = resource
         self.namespace = namespace
@@ -132,7 +134,7 @@ class Informer:
         self._selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
         self._pager = Pager(rest, resource, namespace=namespace, selectors=self._selectors,
                             page_size=page_size, name=self.name, transform=transform,
-                            shared=frozenset(shared))
+                            shared=frozenset(shared), snapshots=list_snapshots)
         self._transform = transform
         self._shared = frozenset(shared)
         self._watch_read_timeout = watch_read_timeout
