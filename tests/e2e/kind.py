@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from .kubehelp import KubeApi, kubectl, kubectl_binary, wait_for
+from .kubehelp import KubeApi, dies_with_caller, kubectl, kubectl_binary, wait_for
 from .operator_proc import free_port
 
 STANDIN_NAMESPACE = os.environ.get("E2E_STANDIN_NAMESPACE", "himitsu-standin")
@@ -36,16 +36,17 @@ def standin_service_url() -> str:
 
 
 class PortForward:
-    """``kubectl port-forward`` to 127.0.0.1:<free port>, stopped by its PID."""
+    """``kubectl port-forward`` to 127.0.0.1:<free port>, stopped by its PID (and by the
+    kernel if this process dies first)."""
 
     def __init__(self, kubeconfig: str, namespace: str, target: str, remote_port: int,
                  log_path: Path) -> None:
         self.local_port = free_port()
         with open(log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [kubectl_binary(), f"--kubeconfig={kubeconfig}", "-n", namespace,
-                 "port-forward", "--address", "127.0.0.1", target,
-                 f"{self.local_port}:{remote_port}"],
+                dies_with_caller([kubectl_binary(), f"--kubeconfig={kubeconfig}", "-n",
+                                  namespace, "port-forward", "--address", "127.0.0.1",
+                                  target, f"{self.local_port}:{remote_port}"]),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         wait_for(self._accepting, timeout=30, what=f"port-forward to {namespace}/{target}")

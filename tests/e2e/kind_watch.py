@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from .kind import LEASE, OPERATOR_NAMESPACE, OPERATOR_SELECTOR
-from .kubehelp import ApiError, KubeApi, kubectl_binary
+from .kubehelp import ApiError, KubeApi, dies_with_caller, kubectl_binary
 
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/{LEASE}"
 POLL = 0.2
@@ -139,8 +139,9 @@ class PodLogs(_Poller):
                 continue
             with open(self._dir / f"{name}.log", "ab") as out:
                 self._followers[name] = subprocess.Popen(
-                    [kubectl_binary(), f"--kubeconfig={self._kube.kubeconfig}", "-n",
-                     OPERATOR_NAMESPACE, "logs", "-f", "-c", "manager", f"pod/{name}"],
+                    dies_with_caller([kubectl_binary(), f"--kubeconfig={self._kube.kubeconfig}",
+                                      "-n", OPERATOR_NAMESPACE, "logs", "-f", "-c", "manager",
+                                      f"pod/{name}"]),
                     stdout=out, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                     start_new_session=True)
 

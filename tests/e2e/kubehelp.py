@@ -203,6 +203,14 @@ def kubectl_binary() -> str:
     return found
 
 
+def dies_with_caller(cmd: list[str]) -> list[str]:
+    """``cmd`` under ``setpriv --pdeathsig TERM`` (where util-linux has it): the kernel
+    sends it SIGTERM when the thread that started it dies, so a killed pytest leaves no
+    ``kubectl port-forward`` or ``logs -f`` behind (they run in their own session)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else cmd
+
+
 def kubectl(kubeconfig: str, *args: str, check: bool = True,
             stdin: str | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run kubectl against ``kubeconfig``; output captured as text."""
