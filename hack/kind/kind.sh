@@ -7,8 +7,9 @@
 #                                      the operator (`make deploy`), run tests/e2e, down
 #
 # The kubeconfig of NAME is .local/kind/NAME/kubeconfig (never ~/.kube/config); kind is
-# built from its Go module into .local/bin (KIND_VERSION); kubectl is the one on PATH,
-# else hack/kube/bin/kubectl. Each cluster has its own docker network, kind-NAME.
+# $KIND, else a kind on PATH, of KIND_VERSION, else built from its Go module into
+# .local/bin; kubectl is the one on PATH, else hack/kube/bin/kubectl. Each cluster has
+# its own docker network, kind-NAME.
 #
 # KIND_OFFLINE=1: no registry. The node image is built locally (hack/kind/offline/node.sh,
 # cached by content) and the cluster runs with a static bridge CNI (single node); the
@@ -19,7 +20,7 @@
 # The kubelet writes three host-wide sysctls (vm.overcommit_memory, kernel.panic,
 # kernel.panic_on_oops). The first cluster records them (and whether /lib/modules,
 # which docker creates for kind's mount, existed) in /tmp/himitsu-kind-host.state;
-# the last one deleted restores them. e2e deletes its cluster on any exit (KIND_KEEP=1
+# the last one deleted restores them and removes that file and its lock. e2e deletes its cluster on any exit (KIND_KEEP=1
 # keeps it). KIND_SKIP_IMAGE_BUILD=1 loads IMG as already built.
 # Extra pytest arguments: PYTEST_ARGS="-k drift" hack/kind/kind.sh e2e NAME IMG.
 set -euo pipefail
@@ -54,8 +55,16 @@ offline() { [[ "${KIND_OFFLINE:-0}" == "1" ]]; }
 
 kubeconfig_of() { echo "$repo/.local/kind/$1/kubeconfig"; }
 
+is_kind_version() { [[ -x "$1" ]] && [[ "$("$1" version 2>/dev/null)" == "kind $KIND_VERSION "* ]]; }
+
+# $KIND if it is $KIND_VERSION, else a kind of that version on PATH, else built.
 ensure_kind() {
-  if [[ ! -x "$KIND" ]] || [[ "$("$KIND" version 2>/dev/null)" != "kind $KIND_VERSION "* ]]; then
+  local on_path
+  on_path="$(command -v kind || true)"
+  if ! is_kind_version "$KIND" && [[ -n "$on_path" ]] && is_kind_version "$on_path"; then
+    KIND="$on_path"
+  fi
+  if ! is_kind_version "$KIND"; then
     need go
     log "building kind $KIND_VERSION into $(dirname "$KIND")"
     mkdir -p "$(dirname "$KIND")"
@@ -80,15 +89,30 @@ cluster_exists() {
 # CAP_SYS_RESOURCE) runc fails with "unable to apply caps: operation not permitted".
 # Only then does the wrapper go first on PATH; a plain run must work, else docker
 # itself is broken and the wrapper would not help.
+# The wrapper stands in for exactly that case: the caps error, and CAP_SYS_RESOURCE (bit 24)
+# the only capability missing from the bounding set (the dockerd started here shares it).
 use_docker_wrapper_if_needed() {
-  local image="$1" out
+  local image="$1" out bnd last missing
   if out="$(docker run --rm --privileged --entrypoint /bin/true "$image" 2>&1)"; then
     return 0
   fi
   docker run --rm --entrypoint /bin/true "$image" >/dev/null 2>&1 \
     || { log "docker cannot run $image at all: $out"; exit 1; }
-  out="$(grep -m1 -o 'unable to apply caps: [a-z ]*' <<<"$out" || head -n1 <<<"$out")"
-  log "docker run --privileged fails here ($out): kind runs through hack/kind/offline/docker"
+  if ! grep -q 'unable to apply caps: operation not permitted' <<<"$out"; then
+    log "docker run --privileged fails here, not for a missing capability (kind needs it):"
+    log "$(head -n 3 <<<"$out")"
+    exit 1
+  fi
+  bnd="${HIMITSU_KIND_CAPBND:-$(awk '/^CapBnd:/ {print $2}' /proc/self/status)}"  # override: tests
+  last="$(cat /proc/sys/kernel/cap_last_cap)"
+  missing=$(( ((1 << (last + 1)) - 1) & ~16#$bnd ))
+  if (( missing != 1 << 24 )); then
+    log "docker run --privileged fails here (unable to apply caps) and the capability bounding"
+    log "set (CapBnd $bnd) lacks $(printf '%#x' "$missing"): hack/kind/offline/docker stands in"
+    log "only for a missing CAP_SYS_RESOURCE (0x1000000); run kind where --privileged works"
+    exit 1
+  fi
+  log "docker run --privileged fails here (no CAP_SYS_RESOURCE): kind runs through hack/kind/offline/docker"
   HIMITSU_KIND_REAL_DOCKER="$(command -v docker)"
   export HIMITSU_KIND_REAL_DOCKER
   PATH="$here/offline:$PATH"
@@ -99,9 +123,20 @@ kind_nodes_on_host() {
   docker ps -aq --filter label=io.x-k8s.kind.cluster | grep -q .
 }
 
+# Holds the host lock for the rest of the (sub)shell: fd 9 on $host_lock, checked to be
+# the file there now (the last restore removes it: a waiter on the removed one retries).
+lock_host() {
+  while :; do
+    exec 9>>"$host_lock"
+    flock 9
+    [[ "$host_lock" -ef /dev/fd/9 ]] && return 0
+    exec 9>&-
+  done
+}
+
 record_host_state() {
   (
-    flock 9
+    lock_host
     if kind_nodes_on_host && [[ -f "$host_state" ]]; then
       exit 0  # another cluster recorded the host as it was before any
     fi
@@ -111,13 +146,16 @@ record_host_state() {
       [[ -e /lib/modules ]] || echo "rmdir /lib/modules"
     } >"$host_state.new"
     mv "$host_state.new" "$host_state"
-  ) 9>"$host_lock"
+  )
 }
 
 restore_host_state() {
   (
-    flock 9
-    [[ -f "$host_state" ]] || exit 0
+    lock_host
+    if [[ ! -f "$host_state" ]]; then
+      kind_nodes_on_host || rm -f "$host_lock"
+      exit 0
+    fi
     if kind_nodes_on_host; then
       log "other kind clusters remain: the host's sysctls are restored by the last one"
       exit 0
@@ -134,8 +172,8 @@ restore_host_state() {
           rmdir "$key" 2>/dev/null || true ;;
       esac
     done <"$host_state"
-    rm -f "$host_state"
-  ) 9>"$host_lock"
+    rm -f "$host_state" "$host_lock"
+  )
 }
 
 # -- the cluster -------------------------------------------------------------------------------
@@ -189,11 +227,13 @@ cmd_up() {
   log "cluster $name up in $((SECONDS - start)) s"
 }
 
-# The node image this kind version defaults to (the one `kind create cluster` pulls).
+# The node image this kind defaults to (the one `kind create cluster` pulls): the constant
+# compiled into the binary (any kind, built here or not, with or without a module cache).
 kind_default_image() {
-  local mod
-  mod="$(go env GOMODCACHE)/sigs.k8s.io/kind@$KIND_VERSION"
-  sed -n 's/^const Image = "\(.*\)"$/\1/p' "$mod/pkg/apis/config/defaults/image.go"
+  local image
+  image="$(grep -aoE -m1 'kindest/node:v[0-9.]+@sha256:[0-9a-f]{64}' "$KIND" | head -n 1 || true)"
+  [[ -n "$image" ]] || { log "cannot tell which node image $KIND uses (no kindest/node:...@sha256 in it)"; exit 1; }
+  echo "$image"
 }
 
 # Best effort, step by step: a failing `kind delete` or `docker network rm` (also from the

@@ -116,12 +116,15 @@ if ! docker info >/dev/null 2>&1; then
   trap 'exit 143' TERM
   # its own session: a Ctrl-C or a group SIGTERM must not kill it while we still clean up
   # (no job control here, so setsid execs dockerd in place: $! is dockerd's PID)
-  setsid dockerd >/tmp/with-docker.dockerd.log 2>&1 </dev/null &
+  # its log is kept for a post-mortem, in the repo's .local (not /tmp)
+  dockerd_log="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.local/with-docker.dockerd.log"
+  mkdir -p "$(dirname "$dockerd_log")"
+  setsid dockerd >"$dockerd_log" 2>&1 </dev/null &
   dockerd_pid=$!
-  log "started dockerd (PID $dockerd_pid, log /tmp/with-docker.dockerd.log)"
+  log "started dockerd (PID $dockerd_pid, log $dockerd_log)"
   deadline=$((SECONDS + 60))
   until docker info >/dev/null 2>&1; do
-    kill -0 "$dockerd_pid" 2>/dev/null || { log "dockerd exited"; tail -20 /tmp/with-docker.dockerd.log >&2; exit 1; }
+    kill -0 "$dockerd_pid" 2>/dev/null || { log "dockerd exited"; tail -20 "$dockerd_log" >&2; exit 1; }
     ((SECONDS < deadline)) || { log "dockerd did not answer within 60 s"; exit 1; }
     sleep 0.5
   done
