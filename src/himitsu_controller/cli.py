@@ -25,8 +25,9 @@ from himitsu_controller import logging as hlogging
 from himitsu_controller.runtime import handler
 from himitsu_controller.runtime.controller import Controller
 from himitsu_controller.runtime.events import EventRecorder
+from himitsu_controller.runtime.httpclient import ClientConfig
 from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.kubeconfig import ConfigError, load_api_client
+from himitsu_controller.runtime.kubeconfig import ConfigError, load_client_config, new_api_client
 from himitsu_controller.runtime.leaderelection import (
     LeaderElectionConfig,
     LeaderElector,
@@ -213,13 +214,16 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     # With leader election, writes (reconciles' and Events') go out only while the gate
     # says this replica holds the Lease (runtime/writegate.py).
     gate = WriteGate() if args.leader_elect else None
+    # One configuration, and so one set of credentials (one credential plugin run), for
+    # the three clients.
+    config = load_client_config(args.kubeconfig)
     # Each watch holds a pooled connection for its life: two informers, workers, slack.
     rest = RestClient(
-        load_api_client(args.kubeconfig, pool_maxsize=workers + 8),
+        new_api_client(config, pool_maxsize=workers + 8),
         qps=args.kube_api_qps, burst=args.kube_api_burst,
         user_agent=f"himitsu-controller/{__version__}", write_gate=gate,
     )
-    election = (_leader_election(elector_client(args.kubeconfig), args, gate)
+    election = (_leader_election(elector_client(config), args, gate)
                 if gate is not None else None)  # bad flags stop us before any waiting
     _check_reachable(rest, args.namespace, stop=stop)
     # Lists in pages where the watch cache serves them so: a restart's first lists are
@@ -244,7 +248,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     # must neither delay a reconcile nor spend the budget its writes need (a cold sync of
     # 1,000 HimitsuSecrets writes 1,000 Events).
     recorder = EventRecorder(
-        RestClient(load_api_client(args.kubeconfig, pool_maxsize=2),
+        RestClient(new_api_client(config, pool_maxsize=2),
                    qps=EVENT_QPS, burst=EVENT_BURST, write_gate=gate,
                    user_agent=f"himitsu-controller/{__version__} events"),
         component=kube.COMPONENT, reporting_controller=kube.REPORTING_CONTROLLER,
@@ -313,12 +317,12 @@ def _allowed_api_urls(args: argparse.Namespace) -> list[str]:
     return entries
 
 
-def elector_client(kubeconfig: str | None) -> RestClient:
+def elector_client(config: ClientConfig) -> RestClient:
     """The elector's own client: a renewal never waits behind reconcile traffic in the
     rate limiter, nothing retries behind its back (no urllib3 retry, no 429 sleep), and
     each request's timeout bounds the whole request (not each socket operation), so each
     request of a renewal keeps to the renew deadline."""
-    return RestClient(load_api_client(kubeconfig, pool_maxsize=2, retries=0), max_retries=0,
+    return RestClient(new_api_client(config, pool_maxsize=2, retries=0), max_retries=0,
                       request_deadlines=True,
                       user_agent=f"himitsu-controller/{__version__} leader-election")
 

@@ -21,11 +21,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis.internal import constants_ast
 from hypothesis.internal.conjecture import providers
 from hypothesis.internal.floats import float_to_int
-from kubernetes import client as k8s
 from sortedcontainers import SortedSet
+from tls_server import Pki, TlsApiServer, make_pki
 
 import himitsu_controller
 from himitsu_controller import logging as hlog
+from himitsu_controller.runtime.httpclient import HttpClient
 
 # Property and model-based tests judge behaviour, never speed: no per-example deadline and
 # no too_slow health check (a loaded 2-core CI machine is slow, not wrong). Under CI the
@@ -77,10 +78,22 @@ def server() -> Iterator[FakeApiServer]:
 
 
 @pytest.fixture
-def api_client(server: FakeApiServer) -> Iterator[k8s.ApiClient]:
+def api_client(server: FakeApiServer) -> Iterator[HttpClient]:
     client = server.api_client()
     yield client
     FakeApiServer.close_client(client)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def tls_server(pki: Pki) -> Iterator[TlsApiServer]:
+    server = TlsApiServer(pki)
+    yield server
+    server.stop()
 
 
 @pytest.fixture

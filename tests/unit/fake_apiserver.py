@@ -2,7 +2,7 @@
 
 Why a real HTTP server rather than mocks: the behaviours under test live in the wire
 protocol -- pagination tokens, chunked watch streams, a stream that ends cleanly versus
-one that breaks, a connection that hangs -- and in how the official client's urllib3
+one that breaks, a connection that hangs -- and in how our urllib3
 transport reacts to them. It speaks just enough of the API: LIST with limit/continue,
 GET of one object, WATCH as chunked JSON lines driven by the test, bearer-token auth,
 and an echo for writes. Tests can queue canned responses for the next requests.
@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from kubernetes import client as k8s
-
-from himitsu_controller.runtime.rest import new_api_client
+from himitsu_controller.runtime.rest import ClientConfig, HttpClient, bearer, new_api_client
 
 TOKEN = "test-token"
 _CLOSE = object()
@@ -160,15 +158,11 @@ class FakeApiServer:
         self._thread.join(timeout=5)
 
     @staticmethod
-    def close_client(client: k8s.ApiClient) -> None:
-        client.close()  # type: ignore[no-untyped-call]
+    def close_client(client: HttpClient) -> None:
+        client.close()
 
-    def api_client(self) -> k8s.ApiClient:
-        configuration = k8s.Configuration(host=self.url)
-        configuration.api_key = {"BearerToken": TOKEN}
-        configuration.api_key_prefix = {"BearerToken": "Bearer"}
-        configuration.proxy = None
-        return new_api_client(configuration, pool_maxsize=8)
+    def api_client(self) -> HttpClient:
+        return new_api_client(ClientConfig(self.url, credentials=bearer(TOKEN)), pool_maxsize=8)
 
     # Object helpers: return the stored object, as a watch event would carry it.
 

@@ -13,11 +13,16 @@ from typing import Any
 
 import pytest
 from fake_apiserver import Canned, FakeApiServer, WatchSession, status_body, too_large_body
-from kubernetes import client as k8s
 from structlog.testing import capture_logs
 
 from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.rest import Resource, RestClient, new_api_client
+from himitsu_controller.runtime.rest import (
+    ClientConfig,
+    HttpClient,
+    Resource,
+    RestClient,
+    new_api_client,
+)
 from himitsu_controller.runtime.store import Store, object_key
 
 WIDGETS = Resource("example.io", "v1", "widgets")
@@ -58,7 +63,7 @@ class Running:
 
 
 @pytest.fixture
-def start(api_client: k8s.ApiClient) -> Iterator[Callable[..., Running]]:
+def start(api_client: HttpClient) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
     def _start(**options: Any) -> Running:
@@ -204,7 +209,7 @@ def test_watch_refused_with_410_relists(server: FakeApiServer,
 
 
 def test_a_watch_that_keeps_expiring_relists_only_after_growing_backoffs(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     # Every watch is refused with 410 (e.g. a watch cache behind the version its LIST
     # answers with): client-go backs off each relist; no LIST loop.
     for name in "abc":
@@ -378,14 +383,13 @@ class RefusedOnce(RestClient):
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
-            configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
-            configuration.proxy = None
-            return RestClient(new_api_client(configuration, pool_maxsize=1)).watch(path)
+            down = new_api_client(ClientConfig(f"http://127.0.0.1:{port}"), pool_maxsize=1)
+            return RestClient(down).watch(path)
         return super().watch(path, **options)
 
 
 def test_a_refused_connection_backs_off_and_rewatches_without_relisting(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     rest = RefusedOnce(api_client)
     informer = Informer(rest, WIDGETS, namespace="ns", rng=lambda: 0.0)
     stop = threading.Event()
@@ -449,9 +453,7 @@ def closed_port_client() -> RestClient:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
-    configuration.proxy = None
-    return RestClient(new_api_client(configuration, pool_maxsize=1))
+    return RestClient(new_api_client(ClientConfig(f"http://127.0.0.1:{port}"), pool_maxsize=1))
 
 
 def test_an_unreachable_apiserver_is_unhealthy_but_never_stalled() -> None:
@@ -475,7 +477,7 @@ def test_an_unreachable_apiserver_is_unhealthy_but_never_stalled() -> None:
 
 
 def test_lists_work_but_watches_are_refused_is_stalled(server: FakeApiServer,
-                                                       api_client: k8s.ApiClient) -> None:
+                                                       api_client: HttpClient) -> None:
     # The apiserver answers (lists work) but refuses every watch with a status: a
     # restart may help (and is what is left), so this counts towards liveness.
     now = [1000.0]

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 from fake_apiserver import FakeApiServer, WatchSession, status_body
-from kubernetes import client as k8s
 from structlog.testing import capture_logs
 
 from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.rest import Resource, RestClient
+from himitsu_controller.runtime.rest import HttpClient, Resource, RestClient
 from himitsu_controller.runtime.transform import drop_managed_fields
 
 WIDGETS = Resource("example.io", "v1", "widgets")
@@ -56,7 +55,7 @@ class Seen:
 
 
 @pytest.fixture
-def run(api_client: k8s.ApiClient) -> Iterator[Callable[..., tuple[Informer, Seen]]]:
+def run(api_client: HttpClient) -> Iterator[Callable[..., tuple[Informer, Seen]]]:
     stops: list[tuple[threading.Event, threading.Thread]] = []
 
     def _run(**options: Any) -> tuple[Informer, Seen]:

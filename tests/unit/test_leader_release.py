@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 from test_leaderelection import (
     Callbacks,
     FakeClock,
@@ -29,7 +28,13 @@ from himitsu_controller.runtime import leaderelection
 from himitsu_controller.runtime.controller import Controller, Result
 from himitsu_controller.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from himitsu_controller.runtime.manager import Manager
-from himitsu_controller.runtime.rest import Resource, RestClient, new_api_client
+from himitsu_controller.runtime.rest import (
+    ClientConfig,
+    HttpClient,
+    Resource,
+    RestClient,
+    new_api_client,
+)
 from himitsu_controller.runtime.writegate import WriteGate
 
 WIDGETS = Resource("example.io", "v1", "widgets")
@@ -70,10 +75,9 @@ class HoldingServer:
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
-    def api_client(self) -> k8s.ApiClient:
-        configuration = k8s.Configuration(host=f"http://127.0.0.1:{self.httpd.server_address[1]}")
-        configuration.proxy = None
-        return new_api_client(configuration, pool_maxsize=4)
+    def api_client(self) -> HttpClient:
+        url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return new_api_client(ClientConfig(url), pool_maxsize=4)
 
 
 @pytest.fixture
@@ -122,7 +126,7 @@ def test_sigterm_does_not_release_the_lease_while_a_gated_write_is_in_flight(
         assert not b.try_acquire_or_renew()  # the standby's next retry: still held
     finally:
         holding.release.set()
-        api_client.close()  # type: ignore[no-untyped-call]
+        api_client.close()
 
 
 def test_a_write_that_went_unanswered_keeps_the_lease_from_being_released(

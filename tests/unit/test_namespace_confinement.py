@@ -31,11 +31,10 @@ from fake_apiserver import Canned, FakeApiServer, kubeconfig_for
 from fakes import FakeFetcher, FakeKube, b64
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubernetes import client as k8s
 from reconcile_world import API, ENV, PROJECT, TOKEN, fetched, values
 
 from himitsu_controller import api, cli, himitsu, kube
-from himitsu_controller.runtime.rest import RestClient, new_api_client
+from himitsu_controller.runtime.rest import ClientConfig, RestClient, new_api_client
 from himitsu_controller.runtime.store import Store
 from himitsu_controller.sync.ports import SecretNotFound, SecretValue
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
@@ -193,7 +192,7 @@ class PathRecorder(RestClient):
 
     def __init__(self) -> None:
         # Port 9 (discard) on loopback, never contacted: _send is replaced below.
-        super().__init__(new_api_client(k8s.Configuration(host="http://127.0.0.1:9")),
+        super().__init__(new_api_client(ClientConfig("http://127.0.0.1:9")),
                          qps=1e6, burst=1_000_000)
         self.sent: list[tuple[str, str, Mapping[str, Any] | None]] = []
 
@@ -252,7 +251,7 @@ def test_on_the_wire_requests_stay_inside_the_namespace(
     assert len(sent) == 7
     for request in sent:
         assert_inside(request.path, "apps", name)
-    rest.api_client.close()  # type: ignore[no-untyped-call]
+    rest.api_client.close()
 
 
 @pytest.mark.parametrize("bad", ["", ".", ".."])
@@ -267,7 +266,7 @@ def test_kube_client_refuses_names_that_would_leave_the_namespace(
     with pytest.raises(ValueError):
         client.get_secret(bad, "x", fresh=True)
     assert apiserver.requests[start:] == []
-    rest.api_client.close()  # type: ignore[no-untyped-call]
+    rest.api_client.close()
 
 
 # --- cli.run: the Secret informer -------------------------------------------------------------

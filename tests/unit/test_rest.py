@@ -1,29 +1,28 @@
-"""RestClient, WatchStream and the configuration loader against a fake apiserver."""
+"""RestClient and WatchStream against a fake apiserver (the loader: test_kubeconfig)."""
 
 from __future__ import annotations
 
 import json
 import socket
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_apiserver import TOKEN, Canned, FakeApiServer, status_body
 from fakes import SleepClock
-from kubernetes import client as k8s
 
-from himitsu_controller.runtime import kubeconfig
+from himitsu_controller.runtime.credentials import Auth
 from himitsu_controller.runtime.rest import (
     APPLY_PATCH,
     JSON_PATCH,
     ApiError,
-    ConfigError,
+    ClientConfig,
+    HttpClient,
     Resource,
     RestClient,
     TokenBucket,
     TransportError,
-    load_api_client,
+    new_api_client,
 )
 
 WIDGETS = Resource("example.io", "v1", "widgets")
@@ -33,7 +32,7 @@ CONFIGMAPS = Resource("", "v1", "configmaps")
 
 
 @pytest.fixture
-def rest(api_client: k8s.ApiClient, clock: SleepClock) -> RestClient:
+def rest(api_client: HttpClient, clock: SleepClock) -> RestClient:
     return RestClient(api_client, clock=clock, sleep=clock.sleep)
 
 
@@ -61,7 +60,7 @@ def test_resource_paths() -> None:
 # Requests, auth, errors.
 
 def test_get_returns_json_and_sends_auth_accept_and_user_agent(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     stored = server.put("a", data={"k": "v"})
     rest = RestClient(api_client, user_agent="himitsu-test/1")
     assert rest.get(WIDGETS, "a", namespace="ns") == stored
@@ -72,16 +71,18 @@ def test_get_returns_json_and_sends_auth_accept_and_user_agent(
     assert request.headers["user-agent"] == "himitsu-test/1"
 
 
-def test_auth_is_applied_through_the_refresh_hook(
-        server: FakeApiServer, api_client: k8s.ApiClient, rest: RestClient) -> None:
-    # The in-cluster loader rotates tokens through this hook (how often: test_rest_transport).
+def test_auth_comes_from_the_credentials(server: FakeApiServer) -> None:
+    # A token file or a plugin rotates tokens this way (how often: test_rest_transport).
     server.tokens = {"rotated"}
-    configuration = api_client.configuration
 
-    def refresh(cfg: k8s.Configuration) -> None:
-        cfg.api_key["BearerToken"] = "rotated"
+    class Rotated:
+        def current(self) -> Auth:
+            return Auth("Bearer rotated")
 
-    configuration.refresh_api_key_hook = refresh
+        def refused(self, auth: Auth) -> None:
+            pass
+
+    rest = RestClient(new_api_client(ClientConfig(server.url, credentials=Rotated())))
     server.put("a")
     assert rest.get(WIDGETS, "a", namespace="ns")["metadata"]["name"] == "a"
 
@@ -135,7 +136,7 @@ def test_429_with_retry_after_is_retried_after_the_delay(
     assert rest.request_counts == {"get": 3}
 
 
-def test_429_retries_are_bounded(server: FakeApiServer, api_client: k8s.ApiClient,
+def test_429_retries_are_bounded(server: FakeApiServer, api_client: HttpClient,
                                  clock: SleepClock) -> None:
     rest = RestClient(api_client, max_retries=2, clock=clock, sleep=clock.sleep)
     throttled = status_body(429, "TooManyRequests", "slow down")
@@ -159,13 +160,9 @@ def test_connection_refused_is_a_transport_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
-    configuration.retries = 0
-    configuration.proxy = None
-    with k8s.ApiClient(configuration) as api_client:
-        rest = RestClient(api_client)
-        with pytest.raises(TransportError):
-            rest.get(WIDGETS, "a", namespace="ns", timeout=2.0)
+    rest = RestClient(new_api_client(ClientConfig(f"http://127.0.0.1:{port}"), retries=0))
+    with pytest.raises(TransportError, match="Connection refused"):
+        rest.get(WIDGETS, "a", namespace="ns", timeout=2.0)
 
 
 # Writes and patch content types.
@@ -196,7 +193,7 @@ def test_json_patch_sends_the_operation_list(rest: RestClient) -> None:
 
 
 def test_json_patch_that_is_not_a_list_is_refused(server: FakeApiServer, rest: RestClient) -> None:
-    # The client's REST layer would silently send it as a strategic-merge patch.
+    # The kubernetes client's REST layer silently sent it as a strategic-merge patch.
     with pytest.raises(ValueError, match="list"):
         rest.patch(WIDGETS, "a", {"op": "remove"}, namespace="ns", content_type=JSON_PATCH)
     assert server.requests == []
@@ -224,7 +221,7 @@ def test_token_bucket_allows_a_burst_then_paces_at_qps(clock: SleepClock) -> Non
 
 
 def test_requests_wait_for_the_limiter_but_watches_do_not(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
+        server: FakeApiServer, api_client: HttpClient, clock: SleepClock) -> None:
     server.put("a")
     rest = RestClient(api_client, qps=1.0, burst=1, clock=clock, sleep=clock.sleep)
     rest.get(WIDGETS, "a", namespace="ns")
@@ -292,123 +289,3 @@ def test_close_from_another_thread_ends_a_hanging_watch(server: FakeApiServer,
     assert not reader.is_alive()
     assert events == []
     assert stream.closed
-
-
-# Loading configuration.
-
-KUBECONFIG_TEMPLATE = """
-apiVersion: v1
-kind: Config
-current-context: test
-clusters:
-- name: test
-  cluster: {{server: "{server}"}}
-users:
-- name: test
-  user: {{token: "{token}"}}
-contexts:
-- name: test
-  context: {{cluster: test, user: test}}
-"""
-
-
-def write_kubeconfig(path: Path, server: str, token: str = "kubeconfig-token") -> str:  # noqa: S107
-    path.write_text(KUBECONFIG_TEMPLATE.format(server=server, token=token))
-    return str(path)
-
-
-@pytest.fixture
-def no_ambient_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No KUBECONFIG, not in a pod, an empty HOME: every source must come from the test."""
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setattr(kubeconfig, "SERVICE_ACCOUNT_TOKEN_PATH", str(tmp_path / "no-token"))
-    return home
-
-
-def test_explicit_kubeconfig_wins_and_pool_size_is_applied(
-        no_ambient_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KUBECONFIG", write_kubeconfig(tmp_path / "env", "http://127.0.0.2:1"))
-    explicit = write_kubeconfig(tmp_path / "explicit", "http://127.0.0.3:1")
-    default_before = k8s.Configuration._default
-    api_client = load_api_client(explicit, pool_maxsize=7)
-    assert api_client.configuration.host == "http://127.0.0.3:1"
-    assert api_client.configuration.connection_pool_maxsize == 7
-    assert api_client.rest_client.pool_manager.connection_pool_kw["maxsize"] == 7
-    assert k8s.Configuration._default is default_before  # global state untouched
-
-
-def test_a_kubeconfig_refresh_hook_runs_at_most_every_few_seconds(
-        no_ambient_config: Path, tmp_path: Path) -> None:
-    configuration = load_api_client(write_kubeconfig(tmp_path / "k", "http://127.0.0.3:1"),
-                                    ).configuration
-    assert isinstance(configuration.refresh_api_key_hook, kubeconfig.ThrottledRefresh)
-    assert configuration.auth_settings()["BearerToken"]["value"] == "Bearer kubeconfig-token"
-
-    # Like the client's loader, the hook re-installs a fresh hook of its own on each run.
-    runs: list[float] = []
-    now = [100.0]
-
-    def loader_hook(config: Any) -> None:
-        runs.append(now[0])
-        config.refresh_api_key_hook = loader_hook
-
-    config: Any = k8s.Configuration()
-    config.refresh_api_key_hook = loader_hook
-    kubeconfig.ThrottledRefresh.install(config, every=5.0, clock=lambda: now[0])
-    for t in (100.0, 101.0, 104.9, 105.0, 105.1, 200.0):
-        now[0] = t
-        config.refresh_api_key_hook(config)
-        assert isinstance(config.refresh_api_key_hook, kubeconfig.ThrottledRefresh)
-    assert runs == [100.0, 105.0, 200.0]
-
-
-def test_kubeconfig_env_var_then_default_file(no_ambient_config: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    kube_dir = no_ambient_config / ".kube"
-    kube_dir.mkdir()
-    write_kubeconfig(kube_dir / "config", "http://127.0.0.4:1")
-    assert load_api_client().configuration.host == "http://127.0.0.4:1"
-    monkeypatch.setenv("KUBECONFIG", write_kubeconfig(tmp_path / "env", "http://127.0.0.2:1"))
-    assert load_api_client().configuration.host == "http://127.0.0.2:1"
-
-
-def test_in_cluster_before_default_file_with_token_refresh(
-        no_ambient_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kube_dir = no_ambient_config / ".kube"
-    kube_dir.mkdir()
-    write_kubeconfig(kube_dir / "config", "http://127.0.0.4:1")
-    token_file = tmp_path / "token"
-    token_file.write_text("sa-token")
-    ca_file = tmp_path / "ca.crt"
-    ca_file.write_text("not really a certificate")
-    monkeypatch.setattr(kubeconfig, "SERVICE_ACCOUNT_TOKEN_PATH", str(token_file))
-    monkeypatch.setattr(kubeconfig, "SERVICE_ACCOUNT_CA_PATH", str(ca_file))
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    configuration = load_api_client().configuration
-    assert configuration.host == "https://10.0.0.1:443"
-    assert configuration.ssl_ca_cert == str(ca_file)
-    assert configuration.refresh_api_key_hook is not None
-    assert configuration.auth_settings()["BearerToken"]["value"] == "bearer sa-token"
-
-
-def test_no_configuration_anywhere(no_ambient_config: Path) -> None:
-    with pytest.raises(ConfigError, match="no Kubernetes configuration"):
-        load_api_client()
-
-
-def test_broken_kubeconfig_is_a_one_line_config_error(no_ambient_config: Path,
-                                                      tmp_path: Path) -> None:
-    broken = tmp_path / "broken"
-    broken.write_text("apiVersion: v1\nusers:\n- name: u\n  user: {token: hunter2-secret}\n")
-    with pytest.raises(ConfigError) as info:
-        load_api_client(str(broken))
-    message = str(info.value)
-    assert str(broken) in message
-    assert "\n" not in message
-    assert "hunter2" not in message

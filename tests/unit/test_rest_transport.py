@@ -1,25 +1,21 @@
-"""RestClient's lean request path: what goes on the wire, credentials over time, the pool.
+"""RestClient's request path: what goes on the wire, credentials over time, the pool, TLS.
 
-The lean path builds headers and credentials once per refresh period and sends through
-the ApiClient's own pool for the apiserver, so these tests pin what that must not lose:
+The transport builds headers and credentials once per refresh period and sends through
+the HttpClient's one pool for the apiserver, so these tests pin what that must not lose:
 the exact body bytes and content type, a rotated token showing up after the period (and
-at once after a 401), 429/Retry-After, the client's TLS settings (checked end to end
-against a TLS server that requires a client certificate), a path prefix in the host URL,
-and the client's own path behind a proxy.
+at once after a 401), 429/Retry-After, the TLS settings (checked end to end against a
+TLS server that requires a client certificate: the CA is verified, the certificate is
+presented), a path prefix in the host URL, and the ProxyManager behind a proxy.
 """
 
 from __future__ import annotations
 
 import base64
-import http.server
 import json
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +23,53 @@ import pytest
 import urllib3
 from fake_apiserver import TOKEN, Canned, FakeApiServer, status_body
 from fakes import SleepClock
-from kubernetes import client as k8s
+from tls_server import Pki, TlsApiServer
 
+from himitsu_controller.runtime.credentials import Auth
 from himitsu_controller.runtime.rest import (
     APPLY_PATCH,
     ApiError,
+    ClientConfig,
+    HttpClient,
     Resource,
     RestClient,
     TransportError,
+    bearer,
     load_api_client,
     new_api_client,
 )
-from himitsu_controller.runtime.transport import apiserver_pool, encode_body
+from himitsu_controller.runtime.transport import encode_body
 
 WIDGETS = Resource("example.io", "v1", "widgets")
 
 
+class Issued:
+    """Credentials that hand out a new token each time ``issue`` says so; records calls."""
+
+    def __init__(self, token: str, *, on_current: Callable[[], None] | None = None) -> None:
+        self.token = token
+        self.on_current = on_current
+        self.calls = 0
+        self.refused_tokens: list[str | None] = []
+
+    def current(self) -> Auth:
+        self.calls += 1
+        if self.on_current is not None:
+            self.on_current()
+        return Auth(f"Bearer {self.token}")
+
+    def refused(self, auth: Auth) -> None:
+        self.refused_tokens.append(auth.authorization)
+
+
+def client_with(server: FakeApiServer, credentials: Any) -> HttpClient:
+    return new_api_client(ClientConfig(server.url, credentials=credentials), pool_maxsize=8)
+
+
+@pytest.fixture(autouse=True)
+def no_environment_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "KUBECONFIG"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def sent_tokens(server: FakeApiServer) -> list[str]:
@@ -52,7 +79,7 @@ def sent_tokens(server: FakeApiServer) -> list[str]:
 # What goes on the wire.
 
 def test_a_merge_patch_is_compact_json_with_its_content_type(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     rest = RestClient(api_client, user_agent="himitsu-test/2")
     rest.patch(WIDGETS, "a", {"status": {"ready": True, "note": "é"}}, namespace="ns",
                subresource="status")
@@ -68,7 +95,7 @@ def test_a_merge_patch_is_compact_json_with_its_content_type(
 
 
 def test_bodies_and_content_types_of_the_other_verbs(server: FakeApiServer,
-                                                     api_client: k8s.ApiClient) -> None:
+                                                     api_client: HttpClient) -> None:
     rest = RestClient(api_client)
     rest.create(WIDGETS, {"metadata": {"name": "a", "namespace": "ns"}})
     rest.patch(WIDGETS, "a", "kind: Widget\n", namespace="ns", content_type=APPLY_PATCH)
@@ -89,11 +116,11 @@ def test_encode_body() -> None:
     assert encode_body("text", "application/merge-patch+json") == b'"text"'  # as the client
 
 
-def test_the_lean_path_goes_through_the_api_clients_pool(server: FakeApiServer,
-                                                         api_client: k8s.ApiClient) -> None:
-    pool = apiserver_pool(api_client)
+def test_requests_go_through_the_clients_one_pool(server: FakeApiServer,
+                                                  api_client: HttpClient) -> None:
+    pool, manager = api_client.connection()
     assert pool is not None
-    assert api_client.rest_client.pool_manager.connection_from_url(server.url) is pool
+    assert manager is None
     rest = RestClient(api_client)
     server.put("a")
     for _ in range(3):
@@ -103,11 +130,8 @@ def test_the_lean_path_goes_through_the_api_clients_pool(server: FakeApiServer,
 
 
 def test_a_path_prefix_in_the_host_is_kept(server: FakeApiServer) -> None:
-    configuration = k8s.Configuration(host=server.url + "/k8s/clusters/c1")
-    configuration.api_key = {"BearerToken": TOKEN}
-    configuration.api_key_prefix = {"BearerToken": "Bearer"}
-    configuration.proxy = None
-    api_client = new_api_client(configuration)
+    api_client = new_api_client(ClientConfig(server.url + "/k8s/clusters/c1/",
+                                             credentials=bearer(TOKEN)))
     RestClient(api_client).list(WIDGETS, namespace="ns", query={"limit": 1})
     (request,) = server.requests
     assert request.path == "/k8s/clusters/c1/apis/example.io/v1/namespaces/ns/widgets"
@@ -116,7 +140,7 @@ def test_a_path_prefix_in_the_host_is_kept(server: FakeApiServer) -> None:
 
 
 def test_requests_still_work_after_the_api_client_was_closed(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     rest = RestClient(api_client)
     server.put("a")
     rest.get(WIDGETS, "a", namespace="ns")
@@ -124,16 +148,14 @@ def test_requests_still_work_after_the_api_client_was_closed(
     assert rest.get(WIDGETS, "a", namespace="ns")["metadata"]["name"] == "a"
 
 
-def test_behind_a_proxy_the_clients_own_path_is_used(server: FakeApiServer) -> None:
+def test_behind_a_proxy_requests_go_through_the_proxy_manager(server: FakeApiServer) -> None:
     # The fake apiserver doubles as the proxy: it is sent absolute URIs for a host that
     # is never contacted itself.
-    configuration = k8s.Configuration(host="http://127.0.0.2:9")
-    configuration.api_key = {"BearerToken": TOKEN}
-    configuration.api_key_prefix = {"BearerToken": "Bearer"}
-    configuration.proxy = server.url
-    configuration.no_proxy = None
-    api_client = new_api_client(configuration)
-    assert apiserver_pool(api_client) is None
+    api_client = new_api_client(ClientConfig("http://127.0.0.2:9", credentials=bearer(TOKEN),
+                                             proxy=server.url))
+    pool, manager = api_client.connection()
+    assert pool is None
+    assert isinstance(manager, urllib3.ProxyManager)
     echoed = RestClient(api_client).patch(WIDGETS, "a", {"x": 1}, namespace="ns")
     assert (echoed["path"], echoed["body"]) == ("/apis/example.io/v1/namespaces/ns/widgets/a",
                                                 {"x": 1})
@@ -163,9 +185,7 @@ def test_the_clients_retry_policy_covers_broken_connections() -> None:
 
         thread = threading.Thread(target=hang_up, daemon=True)
         thread.start()
-        configuration = k8s.Configuration(host=f"http://127.0.0.1:{listener.getsockname()[1]}")
-        configuration.proxy = None
-        api_client = new_api_client(configuration)
+        api_client = new_api_client(ClientConfig(f"http://127.0.0.1:{listener.getsockname()[1]}"))
         try:
             with pytest.raises(TransportError, match="Connection aborted"):
                 RestClient(api_client).get(WIDGETS, "a", namespace="ns", timeout=5.0)
@@ -179,17 +199,18 @@ def test_the_clients_retry_policy_covers_broken_connections() -> None:
 # Credentials over time.
 
 def test_credentials_are_reread_once_per_refresh_period(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
+        server: FakeApiServer, clock: SleepClock) -> None:
     server.tokens = {"t1", "t2", "t3"}
     issued = iter(["t1", "t2", "t3"])
     calls: list[float] = []
 
-    def rotate(configuration: k8s.Configuration) -> None:  # as the in-cluster loader does
+    def rotate() -> None:  # as a token file re-read or a plugin run
         calls.append(clock.now)
-        configuration.api_key["BearerToken"] = next(issued)
+        credentials.token = next(issued)
 
-    api_client.configuration.refresh_api_key_hook = rotate
-    rest = RestClient(api_client, credentials_refresh=2.0, clock=clock, sleep=clock.sleep)
+    credentials = Issued("t0", on_current=rotate)
+    rest = RestClient(client_with(server, credentials), credentials_refresh=2.0, clock=clock,
+                      sleep=clock.sleep)
     server.put("a")
     for step in (0.0, 0.5, 1.4, 0.1, 2.0, 0.0):
         clock.now += step
@@ -199,20 +220,21 @@ def test_credentials_are_reread_once_per_refresh_period(
 
 
 def test_a_slow_refresh_does_not_hold_up_other_requests(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
+        server: FakeApiServer, clock: SleepClock) -> None:
     # A kubeconfig credential plugin can take seconds: meanwhile the others keep going.
     server.tokens = {TOKEN, "t2"}
-    rest = RestClient(api_client, clock=clock, sleep=clock.sleep)
+    credentials = Issued(TOKEN)
+    rest = RestClient(client_with(server, credentials), clock=clock, sleep=clock.sleep)
     server.put("a")
     rest.get(WIDGETS, "a", namespace="ns")
     entered, release = threading.Event(), threading.Event()
 
-    def slow_plugin(configuration: k8s.Configuration) -> None:
+    def slow_plugin() -> None:
         entered.set()
         assert release.wait(10)
-        configuration.api_key["BearerToken"] = "t2"
+        credentials.token = "t2"
 
-    api_client.configuration.refresh_api_key_hook = slow_plugin
+    credentials.on_current = slow_plugin
     clock.now += 1.0
     refreshing = threading.Thread(target=rest.get, args=(WIDGETS, "a"), kwargs={"namespace": "ns"})
     refreshing.start()
@@ -227,16 +249,17 @@ def test_a_slow_refresh_does_not_hold_up_other_requests(
 
 
 def test_a_401_rereads_the_credentials_at_once(server: FakeApiServer,
-                                               api_client: k8s.ApiClient,
                                                clock: SleepClock) -> None:
-    rest = RestClient(api_client, clock=clock, sleep=clock.sleep)
+    credentials = Issued(TOKEN)
+    rest = RestClient(client_with(server, credentials), clock=clock, sleep=clock.sleep)
     server.put("a")
     rest.get(WIDGETS, "a", namespace="ns")
     server.tokens = {"renewed"}  # the old token was revoked and a new one issued
-    api_client.configuration.api_key["BearerToken"] = "renewed"
+    credentials.token = "renewed"
     with pytest.raises(ApiError) as info:
         rest.get(WIDGETS, "a", namespace="ns")
     assert info.value.status == 401
+    assert credentials.refused_tokens == [f"Bearer {TOKEN}"]  # told which one was refused
     rest.get(WIDGETS, "a", namespace="ns")  # the clock has not moved
     assert sent_tokens(server) == [TOKEN, TOKEN, "renewed"]
 
@@ -249,16 +272,13 @@ def test_a_kubeconfig_token_reaches_the_wire(server: FakeApiServer, tmp_path: Pa
         "users": [{"name": "u", "user": {"token": TOKEN}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
     api_client = load_api_client(str(kubeconfig))
-    api_client.configuration.proxy = None
-    api_client.rest_client.pool_manager = urllib3.PoolManager(  # drop any environment proxy
-        **api_client.rest_client.pool_manager.connection_pool_kw)
     server.put("a")
     assert RestClient(api_client).get(WIDGETS, "a", namespace="ns")["metadata"]["name"] == "a"
     assert sent_tokens(server) == [TOKEN]
     FakeApiServer.close_client(api_client)
 
 
-def test_429_with_retry_after_on_a_patch(server: FakeApiServer, api_client: k8s.ApiClient,
+def test_429_with_retry_after_on_a_patch(server: FakeApiServer, api_client: HttpClient,
                                          clock: SleepClock) -> None:
     rest = RestClient(api_client, clock=clock, sleep=clock.sleep)
     throttled = status_body(429, "TooManyRequests", "slow down")
@@ -272,137 +292,42 @@ def test_429_with_retry_after_on_a_patch(server: FakeApiServer, api_client: k8s.
 
 # TLS settings.
 
-def test_the_pool_carries_the_clients_tls_settings() -> None:
-    configuration = k8s.Configuration(host="https://127.0.0.1:6443/prefix")
-    configuration.ssl_ca_cert = "/etc/ca.crt"
-    configuration.cert_file = "/etc/client.crt"
-    configuration.key_file = "/etc/client.key"
-    configuration.assert_hostname = False
-    configuration.tls_server_name = "kubernetes.default.svc"
-    configuration.proxy = None
-    api_client = new_api_client(configuration, pool_maxsize=5)
-    pool = apiserver_pool(api_client)
+def test_the_pool_carries_the_tls_settings(pki: Pki) -> None:
+    config = ClientConfig("https://127.0.0.1:6443/prefix", ca_file=str(pki.ca),
+                          cert_file=str(pki.client_cert), key_file=str(pki.client_key),
+                          tls_server_name="kubernetes.default.svc")
+    api_client = new_api_client(config, pool_maxsize=5)
+    pool, _ = api_client.connection()
     assert isinstance(pool, urllib3.HTTPSConnectionPool)
-    assert (pool.host, pool.port) == ("127.0.0.1", 6443)
-    assert (pool.ca_certs, pool.cert_file, pool.key_file) == (
-        "/etc/ca.crt", "/etc/client.crt", "/etc/client.key")
+    assert (pool.host, pool.port, api_client.prefix) == ("127.0.0.1", 6443, "/prefix")
     assert pool.cert_reqs == ssl.CERT_REQUIRED
-    assert pool.assert_hostname is False
     assert pool.conn_kw["server_hostname"] == "kubernetes.default.svc"
+    context = pool.conn_kw["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.check_hostname
     assert pool.pool.maxsize == 5  # type: ignore[union-attr]
-    assert pool.retries is configuration.retries
-    configuration.verify_ssl = False
-    unverified = apiserver_pool(new_api_client(configuration))
-    assert unverified is not None
-    assert unverified.cert_reqs == ssl.CERT_NONE  # type: ignore[attr-defined]
-
-
-@dataclass
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """A CA, a server certificate for kubernetes.default.svc only, a client certificate."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    base = tmp_path_factory.mktemp("pki")
-    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-    def openssl(*args: str | Path) -> None:
-        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True,
-                       timeout=30)
-
-    openssl("req", "-x509", *curve, "-keyout", base / "ca.key", "-out", base / "ca.crt",
-            "-days", "1", "-subj", "/CN=test-ca")
-    for name, extension in (("server", "subjectAltName=DNS:kubernetes.default.svc"),
-                            ("client", "extendedKeyUsage=clientAuth")):
-        (base / f"{name}.ext").write_text(extension + "\n")
-        openssl("req", *curve, "-keyout", base / f"{name}.key", "-out", base / f"{name}.csr",
-                "-subj", f"/CN=himitsu-{name}")
-        openssl("x509", "-req", "-in", base / f"{name}.csr", "-CA", base / "ca.crt",
-                "-CAkey", base / "ca.key", "-CAcreateserial", "-days", "1",
-                "-out", base / f"{name}.crt", "-extfile", base / f"{name}.ext")
-    return Pki(base / "ca.crt", base / "server.crt", base / "server.key",
-               base / "client.crt", base / "client.key")
-
-
-class TlsApiServer:
-    """Answers every GET with who the client certificate names; requires one."""
-
-    def __init__(self, pki: Pki) -> None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(pki.server_cert, pki.server_key)
-        context.load_verify_locations(pki.ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                peer: Any = self.connection.getpeercert()
-                subject = dict(item for rdn in peer["subject"] for item in rdn)
-                raw = json.dumps({"client": subject["commonName"],
-                                  "auth": self.headers.get("Authorization")}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
-                                        daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self._server.server_address[1]}"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-
-@pytest.fixture
-def tls_server(pki: Pki) -> Iterator[TlsApiServer]:
-    server = TlsApiServer(pki)
-    yield server
-    server.stop()
+    assert pool.retries is api_client.retries
+    assert (pool.retries.total, pool.retries.redirect, pool.retries.status) == (3, 0, 0)
+    unverified, _ = new_api_client(ClientConfig(config.host, verify=False)).connection()
+    assert isinstance(unverified, urllib3.HTTPSConnectionPool)
+    assert unverified.cert_reqs == ssl.CERT_NONE
 
 
 def tls_rest(url: str, pki: Pki, **settings: Any) -> RestClient:
-    configuration = k8s.Configuration(host=url)
-    configuration.api_key = {"BearerToken": TOKEN}
-    configuration.api_key_prefix = {"BearerToken": "Bearer"}
-    configuration.proxy = None
-    configuration.cert_file = str(pki.client_cert)
-    configuration.key_file = str(pki.client_key)
-    for name, value in settings.items():
-        setattr(configuration, name, value)
-    return RestClient(new_api_client(configuration, pool_maxsize=2))
+    config = ClientConfig(url, credentials=bearer(TOKEN), cert_file=str(pki.client_cert),
+                          key_file=str(pki.client_key), **settings)
+    return RestClient(new_api_client(config, pool_maxsize=2))
 
 
 def test_tls_with_ca_client_certificate_and_server_name(tls_server: TlsApiServer,
                                                         pki: Pki) -> None:
-    rest = tls_rest(tls_server.url, pki, ssl_ca_cert=str(pki.ca),
+    rest = tls_rest(tls_server.url, pki, ca_file=str(pki.ca),
                     tls_server_name="kubernetes.default.svc")
     answer = rest.get(WIDGETS, "a", namespace="ns")
     assert answer == {"client": "himitsu-client", "auth": f"Bearer {TOKEN}"}
-    pool = apiserver_pool(rest.api_client)
+    pool, _ = rest.api_client.connection()
     assert pool is not None
-    assert pool.num_requests == 1  # the lean path, not the client's own
+    assert pool.num_requests == 1
 
 
 def test_tls_settings_that_must_make_the_handshake_fail(tls_server: TlsApiServer,
@@ -410,17 +335,30 @@ def test_tls_settings_that_must_make_the_handshake_fail(tls_server: TlsApiServer
     unknown_ca = tls_rest(tls_server.url, pki, tls_server_name="kubernetes.default.svc")
     with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
         unknown_ca.get(WIDGETS, "a", namespace="ns", timeout=5.0)
-    wrong_name = tls_rest(tls_server.url, pki, ssl_ca_cert=str(pki.ca))  # 127.0.0.1
+    with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
+        unknown_ca.watch(WIDGETS.path("ns"), read_timeout=5.0)  # a watch says so too
+    wrong_name = tls_rest(tls_server.url, pki, ca_file=str(pki.ca))  # 127.0.0.1
     with pytest.raises(TransportError, match="IP address mismatch"):
         wrong_name.get(WIDGETS, "a", namespace="ns", timeout=5.0)
+    other_ca = tls_rest(tls_server.url, pki, ca_file=str(pki.client_cert),  # not the CA
+                        tls_server_name="kubernetes.default.svc")
+    with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
+        other_ca.get(WIDGETS, "a", namespace="ns", timeout=5.0)
+
+
+def test_without_a_client_certificate_the_server_refuses(tls_server: TlsApiServer,
+                                                         pki: Pki) -> None:
+    config = ClientConfig(tls_server.url, ca_file=str(pki.ca),
+                          tls_server_name="kubernetes.default.svc")
+    with pytest.raises(TransportError):
+        RestClient(new_api_client(config, retries=0)).get(WIDGETS, "a", namespace="ns",
+                                                           timeout=5.0)
 
 
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
-def test_tls_verify_off_and_hostname_check_off(tls_server: TlsApiServer, pki: Pki) -> None:
-    unverified = tls_rest(tls_server.url, pki, verify_ssl=False)
+def test_tls_verify_off(tls_server: TlsApiServer, pki: Pki) -> None:
+    unverified = tls_rest(tls_server.url, pki, verify=False)  # insecure-skip-tls-verify
     assert unverified.get(WIDGETS, "a", namespace="ns")["client"] == "himitsu-client"
-    any_name = tls_rest(tls_server.url, pki, ssl_ca_cert=str(pki.ca), assert_hostname=False)
-    assert any_name.get(WIDGETS, "a", namespace="ns")["client"] == "himitsu-client"
 
 
 def test_tls_from_a_kubeconfig_with_embedded_credentials(tls_server: TlsApiServer, pki: Pki,
@@ -438,8 +376,6 @@ def test_tls_from_a_kubeconfig_with_embedded_credentials(tls_server: TlsApiServe
                                          "client-key-data": data(pki.client_key)}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
     api_client = load_api_client(str(kubeconfig))
-    api_client.rest_client.pool_manager = urllib3.PoolManager(  # drop any environment proxy
-        **api_client.rest_client.pool_manager.connection_pool_kw)
     answer = RestClient(api_client).get(WIDGETS, "a", namespace="ns")
     assert answer == {"client": "himitsu-client", "auth": None}
     FakeApiServer.close_client(api_client)

@@ -15,10 +15,11 @@ from collections.abc import Iterator
 import pytest
 from fake_apiserver import Canned, FakeApiServer, status_body
 from fakes import SleepClock
-from kubernetes import client as k8s
 
 from himitsu_controller.runtime.rest import (
     ApiError,
+    ClientConfig,
+    HttpClient,
     Resource,
     RestClient,
     TransportError,
@@ -31,7 +32,7 @@ WIDGETS = Resource("example.io", "v1", "widgets")
 WAIT = 10.0
 
 
-def gated(api_client: k8s.ApiClient, clock: SleepClock, *, qps: float = 50.0,
+def gated(api_client: HttpClient, clock: SleepClock, *, qps: float = 50.0,
           burst: int = 100) -> tuple[RestClient, WriteGate]:
     gate = WriteGate(clock=clock)
     rest = RestClient(api_client, write_gate=gate, qps=qps, burst=burst,
@@ -57,7 +58,7 @@ def write_everything(rest: RestClient) -> None:
 
 
 def test_writes_stop_when_the_gate_closes_and_reads_go_on(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
+        server: FakeApiServer, api_client: HttpClient, clock: SleepClock) -> None:
     server.put("a")
     rest, gate = gated(api_client, clock)
     write_everything(rest)  # closed until the elector opens it
@@ -76,7 +77,7 @@ def test_writes_stop_when_the_gate_closes_and_reads_go_on(
 
 
 def test_the_gate_is_asked_after_the_rate_limiters_wait(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
+        server: FakeApiServer, api_client: HttpClient, clock: SleepClock) -> None:
     rest, gate = gated(api_client, clock, qps=1.0, burst=1)
     gate.open_until(clock.now + 0.5)
     rest.patch(WIDGETS, "a", {"x": 1}, namespace="ns")
@@ -87,7 +88,7 @@ def test_the_gate_is_asked_after_the_rate_limiters_wait(
 
 
 def test_the_gate_is_asked_again_before_a_429_retry(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
+        server: FakeApiServer, api_client: HttpClient, clock: SleepClock) -> None:
     rest, gate = gated(api_client, clock)
     gate.open_until(clock.now + 1.0)
     server.canned.append(Canned(429, status_body(429, "TooManyRequests", "slow down"),
@@ -126,10 +127,8 @@ def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
         conn.close()
 
 
-def silent_client(url: str, *, retries: int) -> k8s.ApiClient:
-    configuration = k8s.Configuration(host=url)
-    configuration.proxy = None
-    return new_api_client(configuration, pool_maxsize=2, retries=retries)
+def silent_client(url: str, *, retries: int) -> HttpClient:
+    return new_api_client(ClientConfig(url), pool_maxsize=2, retries=retries)
 
 
 def test_a_write_the_gate_let_through_is_sent_once(
@@ -146,7 +145,7 @@ def test_a_write_the_gate_let_through_is_sent_once(
             rest.update(WIDGETS, body, timeout=0.2)
         assert len(connects) == 1  # counted by the client: no race with the accept thread
     finally:
-        api_client.close()  # type: ignore[no-untyped-call]
+        api_client.close()
 
 
 def test_a_client_built_with_no_retries_sends_a_hung_request_once(
@@ -159,11 +158,11 @@ def test_a_client_built_with_no_retries_sends_a_hung_request_once(
             RestClient(api_client).get(WIDGETS, "a", namespace="ns", timeout=0.2)
         assert len(connects) == 1
     finally:
-        api_client.close()  # type: ignore[no-untyped-call]
+        api_client.close()
 
 
 def test_max_retries_0_does_not_sleep_on_429(
-        server: FakeApiServer, api_client: k8s.ApiClient, clock: SleepClock) -> None:
+        server: FakeApiServer, api_client: HttpClient, clock: SleepClock) -> None:
     rest = RestClient(api_client, max_retries=0, clock=clock, sleep=clock.sleep)
     server.canned.append(Canned(429, status_body(429, "TooManyRequests", "slow down"),
                                 {"Retry-After": "5"}))

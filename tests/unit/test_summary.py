@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 from fake_apiserver import FakeApiServer
 from fakes import b64
-from kubernetes import client as k8s
 from reconcile_world import CANARY, NS, TARGET, World, fetched, make_hsec, merge_world, values
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.rest import Resource, RestClient
+from himitsu_controller.runtime.rest import HttpClient, Resource, RestClient
 from himitsu_controller.sync import summary, targets
 from himitsu_controller.sync.render import data_hash
 
@@ -119,7 +118,7 @@ def test_a_summary_made_under_another_process_s_key_still_matches_the_recorded_h
 
 
 def test_the_secret_informer_store_holds_no_value_after_list_and_watch(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     server.put("listed", data=applied_secret(CANARY + "-listed")["data"])
     informer = Informer(RestClient(api_client), SECRETS, namespace="ns", rng=lambda: 0.0,
                         transform=summary.secret)

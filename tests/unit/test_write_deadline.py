@@ -24,10 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 
 from himitsu_controller import cli
-from himitsu_controller.runtime.rest import Resource, RestClient, TransportError, new_api_client
+from himitsu_controller.runtime.rest import (
+    ClientConfig,
+    HttpClient,
+    Resource,
+    RestClient,
+    TransportError,
+    load_client_config,
+    new_api_client,
+)
 from himitsu_controller.runtime.writegate import WriteGate
 
 WIDGETS = Resource("example.io", "v1", "widgets")
@@ -109,13 +116,11 @@ def servers() -> Iterator[list[RawServer]]:
         server.stop()
 
 
-def api_client(url: str, *, proxy: str | None = None, retries: int = 3) -> k8s.ApiClient:
-    configuration = k8s.Configuration(host=url)
-    configuration.proxy = proxy
-    return new_api_client(configuration, pool_maxsize=2, retries=retries)
+def api_client(url: str, *, proxy: str | None = None, retries: int = 3) -> HttpClient:
+    return new_api_client(ClientConfig(url, proxy=proxy), pool_maxsize=2, retries=retries)
 
 
-def gated_client(url: str, **kwargs: Any) -> tuple[RestClient, WriteGate, k8s.ApiClient]:
+def gated_client(url: str, **kwargs: Any) -> tuple[RestClient, WriteGate, HttpClient]:
     gate = WriteGate()
     client = api_client(url, **kwargs)
     return RestClient(client, write_gate=gate), gate, client
@@ -166,7 +171,7 @@ def test_a_gated_write_on_a_pooled_connection_that_hangs_is_aborted_by_its_deadl
         assert gate.in_flight == 0
         assert gate.unanswered_within(60.0)  # its fate is unknown: it counts as unanswered
     finally:
-        client.close()  # type: ignore[no-untyped-call]
+        client.close()
 
 
 def test_a_gated_write_blocked_in_send_is_reset_and_its_queued_bytes_never_arrive(
@@ -208,7 +213,7 @@ def test_a_gated_write_blocked_in_send_is_reset_and_its_queued_bytes_never_arriv
         assert seen["total"] < request_size
     finally:
         done.set()
-        client.close()  # type: ignore[no-untyped-call]
+        client.close()
 
 
 def test_behind_a_proxy_a_gated_write_is_sent_once_and_over_by_its_deadline(
@@ -233,19 +238,16 @@ def test_behind_a_proxy_a_gated_write_is_sent_once_and_over_by_its_deadline(
         assert len(connects) == 1, connects
         assert gate.in_flight == 0
     finally:
-        client.close()  # type: ignore[no-untyped-call]
+        client.close()
 
 
 EXITING_WRITER = """
 import sys, threading
-from kubernetes import client as k8s
-from himitsu_controller.runtime.rest import Resource, RestClient, new_api_client
+from himitsu_controller.runtime.rest import ClientConfig, Resource, RestClient, new_api_client
 from himitsu_controller.runtime.writegate import WriteGate
-configuration = k8s.Configuration(host=sys.argv[1])
-configuration.proxy = None
 gate = WriteGate()
 gate.open_until(gate._clock() + 60.0)
-rest = RestClient(new_api_client(configuration, pool_maxsize=2), write_gate=gate)
+rest = RestClient(new_api_client(ClientConfig(sys.argv[1]), pool_maxsize=2), write_gate=gate)
 body = {"metadata": {"name": "a", "namespace": "ns"}}
 writer = threading.Thread(target=rest.update, args=(Resource("x.io", "v1", "ws"), body),
                           daemon=True)
@@ -309,12 +311,12 @@ def test_the_electors_client_keeps_to_a_timeout_against_an_answer_that_trickles(
         f"clusters: [{{name: c, cluster: {{server: '{server.url}'}}}}]\n"
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n")
-    rest = cli.elector_client(str(kubeconfig))
+    rest = cli.elector_client(load_client_config(str(kubeconfig)))
     try:
         with pytest.raises(TransportError):
             rest.get(LEASES, "lock", namespace="ns", timeout=0.3)
     finally:
-        rest.api_client.close()  # type: ignore[no-untyped-call]
+        rest.api_client.close()
 
 
 def wait_until(condition: Callable[[], bool]) -> bool:

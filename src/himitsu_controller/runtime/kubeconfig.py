@@ -1,143 +1,317 @@
-"""Loading a Kubernetes client configuration without touching the client's globals.
+"""Loading the Kubernetes client configuration: kubeconfig files or the in-cluster account.
 
-Why not ``kubernetes.config.load_config()``: it mutates the process-wide default
-Configuration, prints to stdout, persists refreshed credentials back into the kubeconfig
-file, and checks the sources in a different order from kubectl and controller-runtime
-(--kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config), which is the order used here.
+The sources, in the order of kubectl and controller-runtime: ``--kubeconfig`` (one file),
+``$KUBECONFIG`` (a colon-separated list, merged as kubectl does: the first file to name a
+cluster, user or context, or to set current-context, wins; missing files are skipped),
+the in-cluster ServiceAccount, ``~/.kube/config``. Relative paths in a file are resolved
+against that file's directory.
+
+Of a kubeconfig, what real clusters use: the current context's cluster (``server``,
+``certificate-authority(-data)``, ``insecure-skip-tls-verify``, ``tls-server-name``,
+``proxy-url``; without proxy-url, HTTPS_PROXY/HTTP_PROXY unless NO_PROXY matches) and
+user (``token``, ``tokenFile`` re-read like client-go, which takes precedence over
+``token``, ``client-certificate(-data)``/``client-key(-data)``, ``exec`` plugins). A
+user's legacy ``auth-provider`` or ``username``/``password`` is handed to the
+``kubernetes`` package's loader, imported only then (``legacyauth.py``), and logged.
+
+In-cluster: ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`` (an IPv6
+address bracketed), the ServiceAccount's CA, and its token file re-read once a minute
+and after a 401 (bound tokens rotate).
+
+Every failure is a ``ConfigError``: one line naming the source, never a credential.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 import os
-import threading
-import time
-from collections.abc import Callable
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import urllib3
-from kubernetes import client as k8s
-from kubernetes.config.incluster_config import InClusterConfigLoader
-from kubernetes.config.kube_config import load_kube_config
+import structlog
+import yaml
 
 from .apierrors import describe_exception
+from .credentials import Auth, Credentials, StaticCredentials, TokenFile
+from .execcredential import API_VERSIONS, ExecCredentials, ExecSpec
+from .httpclient import ClientConfig, ConfigError, HttpClient
 
-__all__ = ["ConfigError", "ThrottledRefresh", "load_api_client", "new_api_client"]
+__all__ = ["ConfigError", "load_api_client", "load_client_config", "new_api_client"]
+
+log = structlog.get_logger(__name__)
 
 # Module attributes (not constants inlined in the loader) so tests can point them at
 # temporary files.
 SERVICE_ACCOUNT_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
 SERVICE_ACCOUNT_CA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-# How often a kubeconfig's credentials are re-applied (see ThrottledRefresh).
-KUBECONFIG_REFRESH_SECONDS = 5.0
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_NAMED = {"clusters": "cluster", "users": "user", "contexts": "context"}
 
 
-class ConfigError(Exception):
-    """No usable Kubernetes client configuration (one-line message, no credentials)."""
+def load_api_client(kubeconfig: str | None = None, *, pool_maxsize: int = 32,
+                    retries: int = 3) -> HttpClient:
+    """A client for the configured apiserver (see ``load_client_config``).
 
-
-def load_api_client(kubeconfig: str | None = None, *,
-                    pool_maxsize: int = 32, retries: int = 3) -> k8s.ApiClient:
-    """An ApiClient on an explicit Configuration (the client's global default is untouched).
-
-    Source order: ``kubeconfig``, ``$KUBECONFIG``, in-cluster ServiceAccount, ~/.kube/config.
-    In-cluster uses the client's loader with its refresh hook, which re-reads the rotating
-    token file about every minute. ``pool_maxsize`` bounds the kept-alive connections:
-    every open watch holds one for its life, so size it to watches + workers + a few.
-    ``retries``: as for ``new_api_client``.
+    ``pool_maxsize`` bounds the kept-alive connections: every open watch holds one for
+    its life, so size it to watches + workers + a few. ``retries``: see ``new_retry``.
     """
-    configuration = k8s.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG") or None
-    default_path = os.path.expanduser("~/.kube/config")
-    source = "nowhere"
+    return new_api_client(load_client_config(kubeconfig), pool_maxsize=pool_maxsize,
+                          retries=retries)
+
+
+def new_api_client(config: ClientConfig, *, pool_maxsize: int = 32,
+                   retries: int = 3) -> HttpClient:
+    """A client on ``config``; ConfigError (naming the source) if its TLS material is bad."""
     try:
-        if path:
-            source = path
-            load_kube_config(config_file=path,  # type: ignore[no-untyped-call]
-                             client_configuration=configuration, persist_config=False)
-            ThrottledRefresh.install(configuration)
-        elif _in_cluster():
-            source = "in-cluster service account"
-            loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
-                token_filename=SERVICE_ACCOUNT_TOKEN_PATH, cert_filename=SERVICE_ACCOUNT_CA_PATH)
-            # Also installs the hook that re-reads the rotating token file.
-            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
-        elif os.path.isfile(default_path):
-            source = default_path
-            load_kube_config(config_file=default_path,  # type: ignore[no-untyped-call]
-                             client_configuration=configuration, persist_config=False)
-            ThrottledRefresh.install(configuration)
-        else:
-            raise ConfigError("no Kubernetes configuration: pass --kubeconfig, set KUBECONFIG,"
-                              " run in a pod, or create ~/.kube/config")
-    except ConfigError:
-        raise
-    except Exception as exc:  # the loaders raise many types (ConfigException, YAML, OSError)
+        return HttpClient(config, pool_maxsize=pool_maxsize, retries=retries)
+    except ConfigError as exc:
+        raise ConfigError(f"cannot load Kubernetes configuration from "
+                          f"{config.source or config.host}: {exc}") from None
+
+
+def load_client_config(kubeconfig: str | None = None) -> ClientConfig:
+    """The configuration from the first source there is (see the module docstring)."""
+    env = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    default = os.path.expanduser("~/.kube/config")
+    if kubeconfig:
+        source, files = kubeconfig, [kubeconfig]
+    elif env:
+        source, files = os.environ["KUBECONFIG"], [p for p in env if os.path.exists(p)]
+        if not files:
+            raise ConfigError(f"KUBECONFIG={source[:200]}: none of its files exists")
+    elif _in_cluster():
+        source = "in-cluster service account"
+        return _wrap(source, _in_cluster_config)
+    elif os.path.isfile(default):
+        source, files = default, [default]
+    else:
+        raise ConfigError("no Kubernetes configuration: pass --kubeconfig, set KUBECONFIG,"
+                          " run in a pod, or create ~/.kube/config")
+    return _wrap(source, lambda: _from_files(files, source))
+
+
+def _wrap(source: str, load: Any) -> ClientConfig:
+    try:
+        config: ClientConfig = load()
+        return config
+    except ConfigError as exc:
+        raise ConfigError(f"cannot load Kubernetes configuration from {source}: {exc}"
+                          ) from None
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        # str(exc) of these names a file or a position, never the file's content.
+        what = type(exc).__name__
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else None
+        if isinstance(exc, OSError) and exc.filename:
+            detail = f"{exc.filename}: {detail or what}"
+        if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+            detail = f"not valid YAML (line {exc.problem_mark.line + 1})"
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: "
-                          f"{describe_exception(exc)}") from None
-    return new_api_client(configuration, pool_maxsize=pool_maxsize, retries=retries)
-
-
-def new_api_client(configuration: k8s.Configuration, *, pool_maxsize: int = 32,
-                   retries: int = 3) -> k8s.ApiClient:
-    """An ApiClient whose transport leaves HTTP-status retries to ``RestClient``.
-
-    With ``Configuration.retries`` unset, urllib3's default Retry re-sends GET/PUT/DELETE
-    answered 429/503/413 with Retry-After by itself, sleeping in the calling thread and
-    out of sight of our rate limiting and logs; it also follows redirects. Failures
-    without a status are still retried ``retries`` times by urllib3 (connection failures,
-    and read failures of GET/PUT/DELETE): 0 for a client that must keep to a deadline,
-    such as the leader elector's (each retry would get the whole timeout again).
-    """
-    configuration.retries = urllib3.Retry(total=retries, redirect=0, status=0,
-                                          respect_retry_after_header=False,
-                                          raise_on_redirect=False, raise_on_status=False)
-    configuration.connection_pool_maxsize = pool_maxsize
-    return k8s.ApiClient(configuration)
-
-
-class ThrottledRefresh:
-    """Runs a kubeconfig's credential refresh hook at most every few seconds.
-
-    The client's kubeconfig loader installs a hook that runs before *every* request: it
-    re-applies host, TLS files and token to the Configuration (setting ``host`` even
-    re-reads the proxy variables of the environment) and reloads credentials that have
-    an expiry once it passed. Profiles of the operator's steady state put it at about 5%
-    of all CPU. Credentials are still refreshed within ``every`` seconds of expiring.
-    The loader re-installs its own hook on each run, so this one puts itself back in
-    front of whatever hook is there afterwards.
-    """
-
-    def __init__(self, inner: Callable[[Any], None], *, every: float,
-                 clock: Callable[[], float]) -> None:
-        self._inner = inner
-        self._every = every
-        self._clock = clock
-        self._last = float("-inf")
-        self._lock = threading.Lock()
-
-    @classmethod
-    def install(cls, configuration: Any, *, every: float = KUBECONFIG_REFRESH_SECONDS,
-                clock: Callable[[], float] = time.monotonic) -> None:
-        hook = configuration.refresh_api_key_hook
-        if hook is not None and not isinstance(hook, cls):
-            configuration.refresh_api_key_hook = cls(hook, every=every, clock=clock)
-
-    def __call__(self, configuration: Any) -> None:
-        now = self._clock()
-        with self._lock:
-            if now - self._last < self._every:
-                return
-            self._last = now
-            inner = self._inner
-        inner(configuration)
-        replaced = configuration.refresh_api_key_hook
-        if replaced is not self and replaced is not None:
-            with self._lock:
-                self._inner = replaced
-            configuration.refresh_api_key_hook = self
+                          f"{detail or what}") from None
 
 
 def _in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")
                 and os.environ.get("KUBERNETES_SERVICE_PORT")
                 and os.path.isfile(SERVICE_ACCOUNT_TOKEN_PATH))
+
+
+def _in_cluster_config() -> ClientConfig:
+    host = os.environ["KUBERNETES_SERVICE_HOST"]
+    port = os.environ["KUBERNETES_SERVICE_PORT"]
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    if not os.path.isfile(SERVICE_ACCOUNT_CA_PATH):
+        raise ConfigError(f"no CA file at {SERVICE_ACCOUNT_CA_PATH}")
+    server = f"https://{host}:{port}"
+    return ClientConfig(host=server, credentials=TokenFile(SERVICE_ACCOUNT_TOKEN_PATH),
+                        ca_file=SERVICE_ACCOUNT_CA_PATH, proxy=environment_proxy(server),
+                        source="in-cluster service account")
+
+
+@dataclass
+class _Entry:
+    value: Mapping[str, Any]
+    base: str  # the directory of the file that defined it
+
+
+def _from_files(files: list[str], source: str) -> ClientConfig:
+    named: dict[str, dict[str, _Entry]] = {kind: {} for kind in _NAMED}
+    current = ""
+    for path in files:
+        with open(path, encoding="utf-8") as file:
+            # The C SafeLoader where there is one: a safe loader all the same.
+            document = yaml.load(file, Loader=_SAFE_LOADER)  # noqa: S506
+        if document is None:
+            continue
+        if not isinstance(document, dict):
+            raise ConfigError(f"{path}: not a kubeconfig (a YAML mapping)")
+        base = os.path.dirname(os.path.abspath(path))
+        current = current or str(document.get("current-context") or "")
+        for kind, field in _NAMED.items():
+            for item in document.get(kind) or []:
+                if not isinstance(item, dict) or not isinstance(item.get(field), dict):
+                    raise ConfigError(f"{path}: an entry of {kind} has no {field} mapping")
+                named[kind].setdefault(str(item.get("name", "")), _Entry(item[field], base))
+    if not current:
+        raise ConfigError("no current-context")
+    context = named["contexts"].get(current)
+    if context is None:
+        raise ConfigError(f"context {current[:100]!r} not found")
+    cluster_name = str(context.value.get("cluster", ""))
+    cluster = named["clusters"].get(cluster_name)
+    if cluster is None:
+        raise ConfigError(f"cluster {cluster_name[:100]!r} of context {current[:100]!r} not found")
+    user_name = str(context.value.get("user", ""))
+    user = named["users"].get(user_name, _Entry({}, cluster.base)) if user_name else None
+    if user_name and user_name not in named["users"]:
+        raise ConfigError(f"user {user_name[:100]!r} of context {current[:100]!r} not found")
+    return _client_config(cluster, user, source, named, current)
+
+
+def _client_config(cluster: _Entry, user: _Entry | None, source: str,
+                   named: dict[str, dict[str, _Entry]], context: str) -> ClientConfig:
+    c = cluster.value
+    server = str(c.get("server") or "")
+    if not server:
+        raise ConfigError("the cluster has no server")
+    proxy = str(c["proxy-url"]) if c.get("proxy-url") else environment_proxy(server)
+    u = user.value if user is not None else {}
+    ubase = user.base if user is not None else cluster.base
+    cert_data, key_data = _data(u, "client-certificate-data"), _data(u, "client-key-data")
+    return ClientConfig(
+        host=server,
+        ca_data=_data(c, "certificate-authority-data"),
+        ca_file=_path(c, "certificate-authority", cluster.base),
+        verify=not c.get("insecure-skip-tls-verify", False),
+        tls_server_name=str(c["tls-server-name"]) if c.get("tls-server-name") else None,
+        cert_data=cert_data, key_data=key_data,
+        cert_file=None if cert_data else _path(u, "client-certificate", ubase),
+        key_file=None if key_data else _path(u, "client-key", ubase),
+        proxy=proxy,
+        credentials=_credentials(u, ubase, c, server=server, named=named, context=context),
+        source=source)
+
+
+def _credentials(user: Mapping[str, Any], base: str, cluster: Mapping[str, Any], *,
+                 server: str, named: dict[str, dict[str, _Entry]], context: str,
+                 ) -> Credentials:
+    if user.get("auth-provider"):
+        return _legacy(named, context, "auth-provider")
+    token_file = _path(user, "tokenFile", base)
+    if token_file:
+        try:
+            return TokenFile(token_file)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            if not user.get("token"):
+                raise ConfigError(f"tokenFile {token_file}: {type(exc).__name__}") from None
+            log.warning("cannot read the kubeconfig's tokenFile, using its token",
+                        path=token_file, error=type(exc).__name__)
+    if user.get("token"):
+        return StaticCredentials(Auth(f"Bearer {user['token']}"))
+    has_cert = user.get("client-certificate") or user.get("client-certificate-data")
+    if user.get("exec") and not has_cert:  # static credentials win over a plugin (client-go)
+        return ExecCredentials(_exec_spec(user["exec"], base, cluster, server))
+    if user.get("username") or user.get("password"):
+        return _legacy(named, context, "username/password")
+    return StaticCredentials(Auth())
+
+
+def _exec_spec(stanza: Any, base: str, cluster: Mapping[str, Any], server: str) -> ExecSpec:
+    if not isinstance(stanza, dict):
+        raise ConfigError("user.exec is not a mapping")
+    api_version = str(stanza.get("apiVersion", ""))
+    if api_version not in API_VERSIONS:
+        raise ConfigError(f"exec plugin apiVersion {api_version[:80]!r} is not supported "
+                          f"(one of {', '.join(API_VERSIONS)})")
+    command = str(stanza.get("command") or "")
+    if not command:
+        raise ConfigError("exec plugin has no command")
+    if os.sep in command and not os.path.isabs(command):  # a path, not a name to look up
+        command = os.path.join(base, command)
+    if shutil.which(command) is None:
+        hint = str(stanza.get("installHint") or "").strip()
+        raise ConfigError(f"exec plugin command {command!r} not found"
+                          + (f" ({' '.join(hint.split())[:200]})" if hint else ""))
+    if stanza.get("interactiveMode") == "Always":
+        raise ConfigError("exec plugin needs interactiveMode Always: the operator has no "
+                          "terminal")
+    env = tuple((str(e["name"]), str(e.get("value", ""))) for e in stanza.get("env") or []
+                if isinstance(e, dict) and e.get("name"))
+    info = None
+    if stanza.get("provideClusterInfo"):
+        info = {"server": server}
+        for key, name in (("tls-server-name", "tls-server-name"),
+                          ("insecure-skip-tls-verify", "insecure-skip-tls-verify"),
+                          ("certificate-authority-data", "certificate-authority-data"),
+                          ("proxy-url", "proxy-url")):
+            if cluster.get(key):
+                info[name] = cluster[key]
+        extension = next((e.get("extension") for e in cluster.get("extensions") or []
+                          if isinstance(e, dict)
+                          and e.get("name") == "client.authentication.k8s.io/exec"), None)
+        if extension is not None:
+            info["config"] = extension
+    return ExecSpec(api_version, command, tuple(str(a) for a in stanza.get("args") or []),
+                    env, info)
+
+
+def _legacy(named: dict[str, dict[str, _Entry]], context: str, what: str) -> Credentials:
+    from . import legacyauth  # noqa: PLC0415 (imports the kubernetes package: only now)
+
+    log.info("kubeconfig user needs the kubernetes package's loader", uses=what)
+    document = {kind: [{"name": name, _NAMED[kind]: dict(entry.value)}
+                       for name, entry in entries.items()] for kind, entries in named.items()}
+    document["current-context"] = context  # type: ignore[assignment]
+    user = named["users"][str(named["contexts"][context].value.get("user"))]
+    try:
+        return legacyauth.credentials(document, context, user.base)
+    except Exception as exc:  # the package's loader raises many types
+        raise ConfigError(f"{what}: {describe_exception(exc)}") from None
+
+
+def _data(stanza: Mapping[str, Any], key: str) -> bytes | None:
+    value = stanza.get(key)
+    if not value:
+        return None
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{key} is not base64") from None
+
+
+def _path(stanza: Mapping[str, Any], key: str, base: str) -> str | None:
+    value = stanza.get(key)
+    return os.path.join(base, str(value)) if value else None
+
+
+def environment_proxy(server: str) -> str | None:
+    """The proxy for ``server`` from the environment, as Go's ProxyFromEnvironment
+    (client-go's) reads it: HTTPS_PROXY or HTTP_PROXY by scheme, unless NO_PROXY matches."""
+    scheme, _, rest = server.partition("://")
+    names = ("HTTPS_PROXY", "https_proxy") if scheme == "https" else ("HTTP_PROXY",
+                                                                       "http_proxy")
+    proxy = next((os.environ[n] for n in names if os.environ.get(n)), None)
+    if proxy is None:
+        return None
+    no_proxy = os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or ""
+    hostport = rest.split("/", 1)[0].lower()
+    host = hostport.rsplit(":", 1)[0] if not hostport.endswith("]") else hostport
+    host = host.strip("[]")
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return None
+        try:
+            if ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False):
+                return None
+        except ValueError:
+            pass
+        bare = entry.lstrip(".")
+        if host == bare or host.endswith("." + bare) or hostport == bare:
+            return None
+    return proxy if "://" in proxy else f"http://{proxy}"

@@ -1,19 +1,13 @@
-"""Raw JSON over the official Kubernetes client's transport.
+"""Raw JSON over our own HTTP transport (``httpclient.py``, ``transport.py``).
 
-Why not the generated API classes: in kubernetes 37.x they are pydantic models, several
-times slower to build and larger to keep than the JSON dicts the apiserver sends, and a
-controller that caches every object it watches pays that on every event. So we keep the
-official client for what it does well (kubeconfig/in-cluster loading, TLS, auth headers
-including the rotating ServiceAccount token, urllib3 pooling) and speak JSON ourselves.
-Ordinary requests take the lean path of ``transport.LeanTransport``: the ApiClient's own
-pool for the apiserver, with headers and credentials rebuilt once a second instead of per
-request (in the operator's steady state the request round trip was about half its CPU,
-much of it the client's per-request preparation; bench/rest_cost.py measures it). Watches,
-and behind a proxy every request but gated writes and deadline requests (which go through
-the client's ProxyManager), go through ``ApiClient.param_serialize`` (which applies
-the auth settings, calling the token refresh hook) and ``ApiClient.call_api``, which
-hands back the raw urllib3 response (the 37.x REST layer opens it with
-``preload_content=False``).
+Why not the official ``kubernetes`` client: its generated API classes are, in 37.x,
+pydantic models, several times slower to build and larger to keep than the JSON dicts the
+apiserver sends, and a controller that caches every object it watches pays that on every
+event; importing the package alone costs ~16 MiB. All the operator needs is JSON over
+one urllib3 pool with the cluster's TLS settings and credentials, so that is what it
+has: ``kubeconfig.py`` loads the configuration, ``httpclient.py`` holds the pool,
+``transport.py`` sends requests with headers and credentials rebuilt once a second
+instead of per request (bench/rest_cost.py measures the request path).
 
 Why our own rate limiter and 429 handling: client-go limits every client to a token
 bucket (QPS/burst) so a controller cannot flood the apiserver after a restart, and honours
@@ -28,8 +22,8 @@ urllib3 retry re-sends it later, behind a proxy too) and is over by the time the
 gave it: an overall deadline (``deadline.py``) aborts it then, however its connection
 hangs, so it cannot reach the apiserver after a standby may have taken the Lease.
 
-The errors, the configuration loader and the watch stream live in sibling modules and
-are re-exported here: callers need only ``runtime.rest``.
+The errors, the configuration loader, the client and the watch stream live in sibling
+modules and are re-exported here: callers need only ``runtime.rest``.
 """
 
 from __future__ import annotations
@@ -47,11 +41,12 @@ from urllib.parse import quote, urlencode
 
 import structlog
 import urllib3
-from kubernetes import client as k8s
 
-from .apierrors import ApiError, TransportError, WriteRefused, describe_exception
-from .kubeconfig import ConfigError, load_api_client, new_api_client
-from .transport import REFRESH_SECONDS, LeanTransport, Route, encode_body
+from .apierrors import ApiError, TransportError, WriteRefused
+from .credentials import bearer
+from .httpclient import ClientConfig, HttpClient
+from .kubeconfig import ConfigError, load_api_client, load_client_config, new_api_client
+from .transport import REFRESH_SECONDS, LeanTransport, encode_body
 from .watchstream import WatchStream
 from .writegate import WriteGate
 
@@ -60,14 +55,18 @@ __all__ = [
     "JSON_PATCH",
     "MERGE_PATCH",
     "ApiError",
+    "ClientConfig",
     "ConfigError",
+    "HttpClient",
     "Resource",
     "RestClient",
     "TokenBucket",
     "TransportError",
     "WatchStream",
     "WriteRefused",
+    "bearer",
     "load_api_client",
+    "load_client_config",
     "new_api_client",
 ]
 
@@ -150,16 +149,6 @@ class TokenBucket:
             self._sleep(delay)
 
 
-@dataclass(frozen=True)
-class _Request:
-    method: str
-    path: str
-    query: Mapping[str, Any] | None
-    body: Any
-    content_type: str | None
-    encoded: bytes | None  # the body as sent on the lean path
-
-
 def _encode_query(query: Mapping[str, Any] | None) -> str:
     pairs: list[tuple[str, str]] = []
     for key, value in (query or {}).items():
@@ -181,17 +170,16 @@ class RestClient:
 
     Thread-safe: share one per process (and a separate one for leader election, so Lease
     renewals never queue behind a burst of ordinary requests in the rate limiter). Build
-    the ApiClient with ``load_api_client``/``new_api_client``, which stop urllib3 from
-    retrying 429s on its own.
+    the HttpClient with ``load_api_client``/``new_api_client``.
     """
 
-    def __init__(self, api_client: k8s.ApiClient, *, qps: float = 50.0, burst: int = 100,
+    def __init__(self, api_client: HttpClient, *, qps: float = 50.0, burst: int = 100,
                  user_agent: str | None = None, max_retries: int = 10,
                  credentials_refresh: float = REFRESH_SECONDS,
                  write_gate: WriteGate | None = None, request_deadlines: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        """``credentials_refresh``: seconds the lean path reuses headers and credentials;
+        """``credentials_refresh``: seconds headers and credentials are reused;
         ``max_retries``: 429s retried after their Retry-After; ``write_gate``: asked to
         admit each write; ``request_deadlines``: each request's timeout bounds the whole
         request, not each socket operation (the leader elector's)."""
@@ -199,7 +187,6 @@ class RestClient:
         self._write_gate = write_gate
         self._request_deadlines = request_deadlines
         self._limiter = TokenBucket(qps, burst, clock=clock, sleep=sleep) if qps > 0 else None
-        self._user_agent = user_agent
         self._transport = LeanTransport(api_client, user_agent=user_agent,
                                         refresh_every=credentials_refresh, clock=clock)
         self._max_retries = max_retries
@@ -209,7 +196,7 @@ class RestClient:
 
     @property
     def host(self) -> str:
-        return str(self.api_client.configuration.host)
+        return self.api_client.host
 
     @property
     def request_counts(self) -> dict[str, int]:
@@ -231,8 +218,8 @@ class RestClient:
         """
         method = method.upper()
         if content_type == JSON_PATCH and not isinstance(body, builtins.list):
-            # The 37.x REST layer silently turns a non-list JSON patch into a
-            # strategic-merge patch: refuse instead of sending something else.
+            # A JSON patch is a list of operations: refuse to send anything else (the
+            # kubernetes client's REST layer silently sent a strategic-merge patch).
             raise ValueError("a JSON patch body must be a list of operations")
         verb = verb or _VERB_BY_METHOD.get(method, method.lower())
         attempt = 0
@@ -252,32 +239,6 @@ class RestClient:
                      retry_after=error.retry_after, attempt=attempt)
             self._sleep(error.retry_after)
 
-    def _open(self, method: str, path: str, *, query: Mapping[str, Any] | None, body: Any,
-              content_type: str | None, timeout: float | tuple[float, float],
-              ) -> urllib3.HTTPResponse:
-        headers = {"Accept": JSON}
-        if content_type is not None or body is not None:
-            headers["Content-Type"] = content_type or JSON
-        # param_serialize merges the default headers and applies the auth settings; the
-        # configuration's refresh hook re-reads a rotated ServiceAccount token here.
-        _, url, headers, _, _ = self.api_client.param_serialize(
-            method=method, resource_path=path, header_params=headers,
-            auth_settings=["BearerToken"])
-        if self._user_agent is not None:
-            headers["User-Agent"] = self._user_agent
-        encoded = _encode_query(query)
-        if encoded:
-            url += "?" + encoded
-        try:
-            response = self.api_client.call_api(method, url, header_params=headers, body=body,
-                                                _request_timeout=timeout)
-        except k8s.ApiException as exc:  # the REST layer's wrapper for TLS failures
-            raise TransportError(f"{method} {path}: TLS error (status {exc.status})") from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise TransportError(f"{method} {path}: {describe_exception(exc)}") from None
-        raw: urllib3.HTTPResponse = response.response
-        return raw
-
     def _admit(self, method: str, path: str) -> float | None:
         """None: not a gated write; else the seconds this write may take in all."""
         if self._write_gate is None or method not in _WRITE_METHODS:
@@ -291,49 +252,29 @@ class RestClient:
               content_type: str | None, timeout: float, verb: str,
               ) -> tuple[int, bytes, Mapping[str, str]]:
         route = self._transport.route()
-        write = self._write_gate is not None and method in _WRITE_METHODS
-        # Behind a proxy, the client's own path (its Retry policy, per-operation timeouts)
-        # serves only requests that need neither a deadline nor a single send.
-        direct = route.pool is not None or (
-            route.manager is not None and (self._request_deadlines or write))
-        if direct and content_type is None and body is not None:
+        if content_type is None and body is not None:
             content_type = JSON
-        request = _Request(method, path, query, body, content_type,
-                           encode_body(body, content_type) if direct else None)
+        encoded = encode_body(body, content_type)
+        query_text = _encode_query(query)
         gated = self._admit(method, path)  # the last thing before the request leaves
         self._count(verb)
         if gated is None:
-            return self._dispatch(route, request, direct=direct, timeout=timeout,
-                                  deadline=self._request_deadlines, once=False)
+            return self._transport.send(route, method, path, query_text, body=encoded,
+                                        content_type=content_type, timeout=timeout,
+                                        deadline=self._request_deadlines)
         # A gated write: sent once, and over (aborted if need be) when the gate said;
         # the gate counts it in flight until then.
         assert self._write_gate is not None
         answered = False
         try:
-            answer = self._dispatch(route, request, direct=direct,
-                                    timeout=min(timeout, gated), deadline=True, once=True)
+            answer = self._transport.send(route, method, path, query_text, body=encoded,
+                                          content_type=content_type,
+                                          timeout=min(timeout, gated), deadline=True,
+                                          once=True)
             answered = True
             return answer
         finally:
             self._write_gate.done(answered=answered)
-
-    def _dispatch(self, route: Route, r: _Request, *, direct: bool, timeout: float,
-                  deadline: bool, once: bool) -> tuple[int, bytes, Mapping[str, str]]:
-        if direct:
-            return self._transport.send(route, r.method, r.path, _encode_query(r.query),
-                                        body=r.encoded, content_type=r.content_type,
-                                        timeout=timeout, deadline=deadline, once=once)
-        # Credentials in the query string (no kubeconfig does that): the client's path.
-        response = self._open(r.method, r.path, query=r.query, body=r.body,
-                              content_type=r.content_type, timeout=timeout)
-        try:
-            data = response.read()
-        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
-            response.close()
-            raise TransportError(f"{r.method} {r.path}: {describe_exception(exc)}") from None
-        finally:
-            response.release_conn()
-        return response.status, data, response.headers
 
     def watch(self, path: str, *, query: Mapping[str, Any] | None = None,
               read_timeout: float = 90.0, connect_timeout: float = 10.0) -> WatchStream:
@@ -341,8 +282,9 @@ class RestClient:
         watch_query = dict(query or {})
         watch_query["watch"] = "true"
         self._count("watch")
-        response = self._open("GET", path, query=watch_query, body=None, content_type=None,
-                              timeout=(connect_timeout, read_timeout))
+        response = self._transport.open("GET", path, _encode_query(watch_query),
+                                        connect_timeout=connect_timeout,
+                                        read_timeout=read_timeout)
         if not 200 <= response.status < 300:
             try:
                 data = response.read()
@@ -351,6 +293,7 @@ class RestClient:
             finally:
                 response.release_conn()
             raise ApiError.from_response(response.status, data, dict(response.headers))
+        assert isinstance(response, urllib3.HTTPResponse)
         return WatchStream(response)
 
     # Convenience verbs on a Resource. The namespace defaults to the body's own.

@@ -1,33 +1,20 @@
-"""The lean request path to the apiserver: one urllib3 pool, headers built once a second.
+"""The request path to the apiserver: one urllib3 pool, headers built once a second.
 
-Why not ``ApiClient.param_serialize`` + ``ApiClient.call_api`` for every request: in the
-operator's steady state (one status merge-patch per poll) the request round trip was about
-half of all CPU, and much of it went before a byte was sent. Per request they deep-copy
-the body and headers (``sanitize_for_serialization``), build the auth settings (calling
-the credential refresh hook), match the content type with regular expressions, serialise
-the body, and let urllib3's PoolManager parse the URL and normalise a pool key to find
-the one pool there is. None of that changes between two requests, so here it is done
-once per refresh period:
+Per request nothing is prepared that does not change between two requests: the headers
+(Accept, User-Agent and the credentials) and the pool are built once per refresh period
+(a ``Route``), so a rotating ServiceAccount token, a re-read token file or a credential
+plugin's new token arrive at most ``refresh_every`` seconds late, never cached for
+longer; a 401 tells the credentials (``Credentials.refused``) and drops the route at
+once. The pool is the ``HttpClient``'s (``httpclient.py``): TLS settings, pool size and
+Retry policy are its; ``HttpClient.close()`` closes it and the next request opens a new
+one. Behind a proxy the route has no pool but the client's ProxyManager.
 
-* the headers -- Accept, the ApiClient's default headers (User-Agent), and the
-  credentials, applied by the client's own ``update_params_for_auth`` so a rotating
-  ServiceAccount token (the in-cluster loader's hook) or a kubeconfig's refreshed
-  credentials (``kubeconfig.ThrottledRefresh``) arrive at most ``refresh_every`` seconds
-  late, never cached for longer; a 401 drops them at once;
-* the pool -- the very ``HTTPConnectionPool``/``HTTPSConnectionPool`` the ApiClient's
-  PoolManager keeps for the apiserver, so TLS settings (CA, client certificate, verify,
-  assert_hostname, SNI name), socket options and pool size are the client's, connections
-  are shared with the watches (which keep the client's path), and ``ApiClient.close()``
-  still closes them. With a proxy (a ProxyManager) there is no such pool: the route has
-  none and the caller keeps using the client's path.
-
-Requests go out with ``pool.urlopen`` and the Retry policy of the ApiClient (see
-``kubeconfig.new_api_client``), the body serialised once by the caller. A request may
-carry an overall deadline (``deadline=True``: its timeout bounds the whole request, see
-``deadline.py``), and may be sent ``once`` (no urllib3 retry: a write the write gate let
-through). Behind a proxy such requests go through the client's ProxyManager in the same
-way (the route's ``manager``), not through the client's REST layer, whose Retry policy
-cannot be turned off per request.
+Requests go out with ``urlopen`` and the client's Retry policy, the body serialised once
+by the caller. A request may carry an overall deadline (``deadline=True``: its timeout
+bounds the whole request, see ``deadline.py``), and may be sent ``once`` (no urllib3
+retry: a write the write gate let through). A watch (``open``) keeps its response
+streaming. Errors without an answer are ``TransportError``s naming the cause (a TLS
+verification failure says so), never a credential.
 """
 
 from __future__ import annotations
@@ -43,13 +30,13 @@ from typing import Any
 
 import structlog
 import urllib3
-from kubernetes import client as k8s
-from urllib3.util import parse_url
 
 from . import deadline as deadlines
 from .apierrors import TransportError, describe_exception
+from .credentials import Auth
+from .httpclient import HttpClient
 
-__all__ = ["LeanTransport", "Route", "apiserver_pool", "encode_body"]
+__all__ = ["LeanTransport", "Route", "encode_body"]
 
 log = structlog.get_logger(__name__)
 
@@ -76,18 +63,6 @@ def encode_body(body: Any, content_type: str | None) -> bytes | None:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def apiserver_pool(api_client: k8s.ApiClient) -> urllib3.HTTPConnectionPool | None:
-    """The ApiClient's own connection pool for its apiserver; None behind a proxy.
-
-    A ProxyManager's pools speak to the proxy (absolute URLs, proxy headers, CONNECT
-    tunnels): such requests keep going through the client's own path.
-    """
-    manager = api_client.rest_client.pool_manager
-    if type(manager) is not urllib3.PoolManager:
-        return None
-    return manager.connection_from_url(str(api_client.configuration.host))
-
-
 @dataclasses.dataclass(frozen=True)
 class Route:
     """Where and how to send requests until ``expires`` (a reading of the clock)."""
@@ -98,17 +73,18 @@ class Route:
     manager: urllib3.PoolManager | None
     origin: str
     headers: Mapping[str, str]  # shared by all requests, never mutated (urllib3 copies it)
-    retries: urllib3.Retry | bool | int | None  # the ApiClient's policy
+    retries: urllib3.Retry  # the client's policy
+    auth: Auth  # what the headers carry (told to the credentials after a 401)
     expires: float
 
 
 class LeanTransport:
-    """Sends requests to the apiserver through the ApiClient's pool (thread-safe)."""
+    """Sends requests to the apiserver through the client's pool (thread-safe)."""
 
-    def __init__(self, api_client: k8s.ApiClient, *, user_agent: str | None = None,
+    def __init__(self, client: HttpClient, *, user_agent: str | None = None,
                  refresh_every: float = REFRESH_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._api_client = api_client
+        self._client = client
         self._user_agent = user_agent
         self._refresh_every = refresh_every
         self._clock = clock
@@ -122,7 +98,7 @@ class LeanTransport:
         if route is not None and self._clock() < route.expires:
             return route
         # One thread rebuilds; the others keep using the route they have meanwhile: the
-        # refresh hook may run a kubeconfig credential plugin for seconds. (Before the
+        # credentials may run a kubeconfig credential plugin for seconds. (Before the
         # first route there is nothing to use: they wait.)
         if route is None:
             self._lock.acquire()
@@ -144,28 +120,18 @@ class LeanTransport:
             self._route = dataclasses.replace(route, expires=float("-inf"))
 
     def _build(self, now: float) -> Route:
-        api_client = self._api_client
+        client = self._client
+        auth = client.credentials.current()  # may run a plugin; CredentialError
         headers: dict[str, str] = {"Accept": JSON}
-        headers.update(api_client.default_headers)
-        if api_client.cookie:
-            headers["Cookie"] = api_client.cookie
-        queries: list[tuple[str, str]] = []
-        # The client's own auth logic; it calls the Configuration's refresh hook.
-        api_client.update_params_for_auth(headers, queries, ["BearerToken"], "", "GET", None)
         if self._user_agent is not None:
             headers["User-Agent"] = self._user_agent
-        pool = apiserver_pool(api_client)
-        manager = api_client.rest_client.pool_manager if pool is None else None
-        if queries:  # credentials in the query string: not something a kubeconfig does
-            pool = manager = None
+        if auth.authorization is not None:
+            headers["Authorization"] = auth.authorization
+        pool, manager = client.connection(auth.cert)
         if pool is not None:
             deadlines.track(pool)
-        # What the client's PoolManager gave the pool: Configuration.retries, if set.
-        retries = pool.retries if pool is not None else None
-        host = parse_url(str(api_client.configuration.host))
-        return Route(pool, host.path or "", manager,
-                     f"{host.scheme}://{host.netloc}", headers, retries,
-                     now + self._refresh_every)
+        return Route(pool, client.prefix, manager, client.origin, headers, client.retries,
+                     auth, now + self._refresh_every)
 
     def _timeout(self, seconds: float, deadline: bool) -> urllib3.Timeout:
         if deadline:  # a remainder: not kept
@@ -199,10 +165,10 @@ class LeanTransport:
                                     headers=headers, timeout=self._timeout(timeout, deadline),
                                     once=once)
         if not deadline:
-            return self._send(route, urlopen, method, path)
+            return self._answer(self._send(route, urlopen, method, path))
         with deadlines.within(timeout) as bound:
             try:
-                return self._send(route, urlopen, method, path)
+                return self._answer(self._send(route, urlopen, method, path))
             except TransportError:
                 if bound.expired:
                     log.warning("request aborted at its deadline", method=method, path=path,
@@ -211,14 +177,30 @@ class LeanTransport:
                                          "connection aborted") from None
                 raise
 
+    def open(self, method: str, path: str, query: str, *, connect_timeout: float,
+             read_timeout: float) -> urllib3.BaseHTTPResponse:
+        """A streaming request (a watch): the response with its body unread; the caller
+        reads it and releases it (``release_conn``/``close``)."""
+        route = self.route()
+        url = route.prefix + path + ("?" + query if query else "")
+        urlopen = functools.partial(
+            self._urlopen, method=method, url=url, body=None, headers=route.headers,
+            timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout), once=False,
+            preload=False)
+        return self._send(route, urlopen, method, path)
+
+    @staticmethod
+    def _answer(response: urllib3.BaseHTTPResponse) -> tuple[int, bytes, Mapping[str, str]]:
+        return response.status, response.data, response.headers
+
     def _send(self, route: Route, urlopen: Callable[[Route], urllib3.BaseHTTPResponse],
-              method: str, path: str) -> tuple[int, bytes, Mapping[str, str]]:
+              method: str, path: str) -> urllib3.BaseHTTPResponse:
         try:
             try:
                 response = urlopen(route)
             except urllib3.exceptions.ClosedPoolError:
-                # ApiClient.close() closed the pool; the request never left. The client's
-                # PoolManager opens a new pool on demand, as it would for its own path.
+                # HttpClient.close() closed the pool; the request never left. The client
+                # opens a new pool on demand.
                 self.invalidate()
                 retry = self.route()
                 if retry.pool is None or retry.pool is route.pool:
@@ -230,23 +212,24 @@ class LeanTransport:
             raise TransportError(f"{method} {path}: {describe_exception(cause or exc)}",
                                  ) from None
         if response.status == 401:
-            self.invalidate()  # the credentials may have rotated under us: re-read them now
-        return response.status, response.data, response.headers
+            # The credentials may have rotated under us: re-read them now.
+            self._client.credentials.refused(route.auth)
+            self.invalidate()
+        return response
 
     @staticmethod
     def _urlopen(route: Route, *, method: str, url: str, body: bytes | None,
                  headers: Mapping[str, str], timeout: urllib3.Timeout,
-                 once: bool) -> urllib3.BaseHTTPResponse:
-        # Redirects are not followed (the client's PoolManager does not either: its
-        # Retry has redirect=0 and hands the 3xx back).
+                 once: bool, preload: bool = True) -> urllib3.BaseHTTPResponse:
+        # Redirects are not followed (the Retry policy has redirect=0 and hands the 3xx
+        # back).
+        retries = False if once else route.retries
         if route.pool is None:
             assert route.manager is not None
             full = route.origin + url
             deadlines.track(route.manager.connection_from_url(full))
-            # Behind a proxy: the client's Retry policy is the manager's, unless once.
             return route.manager.urlopen(method, full, body=body, headers=dict(headers),
-                                         retries=False if once else None, redirect=False,
-                                         timeout=timeout, preload_content=True)
-        return route.pool.urlopen(method, url, body=body, headers=headers,
-                                  retries=False if once else route.retries, redirect=False,
-                                  timeout=timeout, preload_content=True)
+                                         retries=retries, redirect=False, timeout=timeout,
+                                         preload_content=preload)
+        return route.pool.urlopen(method, url, body=body, headers=headers, retries=retries,
+                                  redirect=False, timeout=timeout, preload_content=preload)
