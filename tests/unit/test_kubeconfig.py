@@ -485,3 +485,34 @@ def test_username_and_password_go_through_the_kubernetes_loader(
         rest.get(WIDGETS, "a", namespace="ns")
     expected = "Basic " + base64.b64encode(b"admin:pw").decode()
     assert server.requests[0].headers["authorization"] == expected
+
+
+def test_a_failed_plugin_is_not_run_again_for_every_request(tmp_path: Path) -> None:
+    plugin(tmp_path)
+    config = load_client_config(write_config(tmp_path / "config",
+                                             user=exec_user(PLUGIN_MODE="fail")))
+    spec = config.credentials.spec  # type: ignore[attr-defined]
+    now = [1000.0]
+    credentials = ExecCredentials(spec, clock=lambda: now[0])
+    for _ in range(3):
+        with pytest.raises(CredentialError, match="exited with 3"):
+            credentials.current()
+    assert runs(tmp_path) == 1
+    now[0] += execcredential.FAILURE_BACKOFF
+    with pytest.raises(CredentialError):
+        credentials.current()
+    assert runs(tmp_path) == 2
+
+
+def test_a_kubeconfig_of_the_wrong_shape_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    path.write_text("current-context: c\ncontexts: [{name: c, context: {cluster: c}}]\n"
+                    "clusters: [{name: c, cluster: {server: http://x}}]\n"
+                    "users: []\n")
+    assert load_client_config(str(path)).host == "http://x"
+    path.write_text("current-context: c\ncontexts: [{name: c, context: {cluster: c, "
+                    "user: u}}]\nclusters: [{name: c, cluster: {server: http://x}}]\n"
+                    "users: [{name: u, user: {exec: {apiVersion: "
+                    "client.authentication.k8s.io/v1, command: 'true', env: 3}}}]\n")
+    with pytest.raises(ConfigError, match="malformed kubeconfig"):
+        load_client_config(str(path))

@@ -36,6 +36,9 @@ API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io
 RUN_TIMEOUT = 60.0
 # Run again this long before the expiry: 10 s, or a tenth of a shorter lifetime.
 LEEWAY = 10.0
+# After a failed run, requests fail with its error this long before it runs again: an
+# outage of the identity provider must not start a process per request.
+FAILURE_BACKOFF = 5.0
 _STDERR_CHARS = 300
 # Runs of token-ish characters long enough to be a credential (JWTs, base64, hex keys).
 _TOKENISH = re.compile(r"[A-Za-z0-9+/=_.~-]{24,}")
@@ -86,12 +89,20 @@ class ExecCredentials:
         self._lock = threading.Lock()
         self._auth: Auth | None = None
         self._renew_at = float("-inf")
+        self._failure: tuple[CredentialError, float] | None = None  # and until when
 
     def current(self) -> Auth:
         with self._lock:  # one run at a time; the others wait for its result
             if self._auth is None or self._clock() >= self._renew_at:
                 obtained = self._clock()
-                self._auth, expires = self._obtain()
+                if self._failure is not None and obtained < self._failure[1]:
+                    raise CredentialError(str(self._failure[0]))
+                try:
+                    self._auth, expires = self._obtain()
+                except CredentialError as exc:
+                    self._failure = (exc, obtained + FAILURE_BACKOFF)
+                    raise
+                self._failure = None
                 if expires is None:
                     self._renew_at = float("inf")
                 else:

@@ -101,6 +101,9 @@ def _wrap(source: str, load: Any) -> ClientConfig:
     except ConfigError as exc:
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: {exc}"
                           ) from None
+    except (TypeError, AttributeError, KeyError) as exc:  # a value of the wrong shape
+        raise ConfigError(f"cannot load Kubernetes configuration from {source}: "
+                          f"malformed kubeconfig ({type(exc).__name__})") from None
     except (OSError, ValueError, yaml.YAMLError) as exc:
         # str(exc) of these names a file or a position, never the file's content.
         what = type(exc).__name__
