@@ -34,7 +34,7 @@ The algorithm is client-go's (tools/leaderelection):
 
 Use a RestClient of its own (not the one the controllers share), so renewals never queue
 behind a burst of ordinary requests in the client-side rate limiter, and one with no
-hidden retries (``retries=0`` for its ApiClient, ``max_retries=0``: no 429 sleeps), or a
+hidden retries (``retries=0`` for its HttpClient, ``max_retries=0``: no 429 sleeps), or a
 retry would get the whole timeout again.
 """
 
