@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 from fake_apiserver import FakeApiServer, status_body
-from kubernetes import client as k8s
 
 from himitsu_controller.runtime.informer import Informer
 from himitsu_controller.runtime.pager import Pager, lists_from_snapshots
-from himitsu_controller.runtime.rest import Resource, RestClient
+from himitsu_controller.runtime.rest import HttpClient, Resource, RestClient
 
 WIDGETS = Resource("example.io", "v1", "widgets")
 TIMEOUT = 10.0
@@ -32,7 +31,7 @@ def list_params(server: FakeApiServer) -> list[tuple[str | None, ...]]:
 
 
 @pytest.fixture
-def informer(api_client: k8s.ApiClient, server: FakeApiServer) -> Iterator[Informer]:
+def informer(api_client: HttpClient, server: FakeApiServer) -> Iterator[Informer]:
     server.watch_cache = server.list_snapshots = True
     for name in "abcde":
         server.put(name)
@@ -64,7 +63,7 @@ def test_the_first_list_and_a_relist_come_in_pages_from_the_watch_cache(
 
 
 def test_an_expired_continue_token_starts_the_list_over_in_pages(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     server.watch_cache = server.list_snapshots = True
     for name in "abcde":
         server.put(name)
@@ -81,7 +80,7 @@ def test_an_expired_continue_token_starts_the_list_over_in_pages(
 
 
 def test_a_continue_token_that_keeps_expiring_ends_in_one_page(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     server.watch_cache = server.list_snapshots = True
     for name in "abcde":
         server.put(name)
@@ -151,14 +150,14 @@ def test_a_listing_holds_one_page_whole_at_a_time() -> None:
     (None, False),  # /version not answered (404)
 ])
 def test_paginated_lists_from_the_cache_are_known_by_the_servers_version(
-        server: FakeApiServer, api_client: k8s.ApiClient,
+        server: FakeApiServer, api_client: HttpClient,
         answer: dict[str, str] | None, expected: bool) -> None:
     server.version = answer
     assert lists_from_snapshots(RestClient(api_client)) is expected
 
 
 def test_without_list_snapshots_the_first_list_is_the_watch_caches_one_page(
-        server: FakeApiServer, api_client: k8s.ApiClient) -> None:
+        server: FakeApiServer, api_client: HttpClient) -> None:
     # Older servers: resourceVersion=0 spares etcd (its limit is ignored).
     server.watch_cache = True
     for name in "abcde":
