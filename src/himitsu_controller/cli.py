@@ -34,7 +34,7 @@ from himitsu_controller.runtime.leaderelection import (
     default_identity,
 )
 from himitsu_controller.runtime.manager import Manager
-from himitsu_controller.runtime.pager import lists_from_snapshots
+from himitsu_controller.runtime.pager import LIST_PAGES, lists_from_snapshots
 from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.runtime.writegate import WriteGate
@@ -178,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="client-side request rate limit towards kube-apiserver")
     ops.add_argument("--kube-api-burst", type=_positive_int, default=300,
                      help="client-side burst towards kube-apiserver")
+    ops.add_argument("--list-pages", choices=LIST_PAGES, default="auto",
+                     help="list in pages from the watch cache: auto = on kube-apiserver"
+                          " 1.34+ (a restart never decodes a whole list at once); off ="
+                          " never (for ListFromCacheSnapshot turned off, or a load balancer"
+                          " that spreads one client's requests over several apiservers:"
+                          " there pages after the first are read from etcd)")
     hm = p.add_argument_group("Himitsu API")
     hm.add_argument("--allowed-api-urls", default=None,
                     help="comma-separated Himitsu URL prefixes a HimitsuSecret's apiUrl must "
@@ -228,7 +234,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     _check_reachable(rest, args.namespace, stop=stop)
     # Lists in pages where the watch cache serves them so: a restart's first lists are
     # never decoded whole (runtime/pager.py).
-    snapshots = lists_from_snapshots(rest)
+    snapshots = lists_from_snapshots(rest, pages=args.list_pages)
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
         indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},

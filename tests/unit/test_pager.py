@@ -167,3 +167,31 @@ def test_without_list_snapshots_the_first_list_is_the_watch_caches_one_page(
     assert pager.list("", threading.Event()) is not None
     assert list_params(server) == [("0", None, "2", None)]
     assert server.list_sources == ["cache"]
+
+
+def test_a_server_that_gives_only_its_git_version_still_gets_lists_in_pages(
+        server: FakeApiServer, api_client: HttpClient) -> None:
+    server.version = {"major": "", "minor": "", "gitVersion": "v1.35.1-gke.100"}
+    assert lists_from_snapshots(RestClient(api_client)) is True
+
+
+def test_list_pages_off_keeps_every_list_in_the_watch_cache_of_a_server_without_snapshots(
+        server: FakeApiServer, api_client: HttpClient) -> None:
+    # A 1.36 server with ListFromCacheSnapshot off (or behind a load balancer spreading
+    # pages over apiservers): continue pages would be etcd's. ``off`` asks nothing and
+    # keeps the one-page rules: the first list and a relist are the cache's.
+    server.version = {"major": "1", "minor": "36", "gitVersion": "v1.36.3"}
+    server.watch_cache = True
+    server.list_snapshots = False
+    for name in "abcde":
+        server.put(name)
+    rest = RestClient(api_client)
+    snapshots = lists_from_snapshots(rest, pages="off")
+    assert snapshots is False
+    assert not [r for r in server.requests if r.path == "/version"]
+    pager = Pager(rest, WIDGETS, namespace="ns", selectors={}, page_size=2,
+                  name="widgets", snapshots=snapshots)
+    listing = pager.list("", threading.Event())
+    assert listing is not None
+    assert pager.list(listing[1], threading.Event()) is not None  # a relist
+    assert server.list_sources == ["cache", "cache"]

@@ -18,8 +18,8 @@ process) get every list in pages, all from the cache:
 * when a continue token expires mid-listing, the list starts over from its first page at
   the latest version (once; should that expire too, one page at the latest version).
 
-Older servers (or a ``/version`` that does not answer) keep client-go's reflector rules,
-which spare etcd at the price of one-page answers:
+Older servers (or a ``/version`` that does not answer, or ``--list-pages=off``) keep
+client-go's reflector rules, which spare etcd at the price of one-page answers:
 
 * The first list asks for ``resourceVersion=0`` ("any"): the watch cache serves it,
   ignoring ``limit``; if the answer came paginated anyway (the watch cache is off for
@@ -55,7 +55,7 @@ from .rest import Resource, RestClient
 from .store import object_key
 from .transform import Transform, apply
 
-__all__ = ["Pager", "lists_from_snapshots"]
+__all__ = ["LIST_PAGES", "Pager", "lists_from_snapshots"]
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +64,8 @@ Listing = tuple[dict[str, Object], str]  # objects by key, the list's resourceVe
 # The first kube-apiserver minor whose watch cache serves paginated lists (list snapshots,
 # ListFromCacheSnapshot: beta and on by default in 1.34).
 SNAPSHOT_MINOR = 34
+# --list-pages: "auto" pages on servers whose version says they can, "off" never.
+LIST_PAGES = ("auto", "off")
 
 
 class Pager:
@@ -179,9 +181,20 @@ def _version(page: Mapping[str, Any]) -> str:
     return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
 
-def lists_from_snapshots(rest: RestClient) -> bool:
-    """Whether the server's watch cache serves paginated lists, from ``/version`` (False
-    when it does not say: the rules that spare etcd). Asked once per process."""
+def lists_from_snapshots(rest: RestClient, *, pages: str = "auto") -> bool:
+    """Whether to list in pages served by the watch cache: ``pages="off"`` never (no
+    request: the rules that spare etcd on every server); ``"auto"`` when the server's
+    ``/version`` says 1.34 or later (its major/minor, else its gitVersion; False when it
+    does not say). Asked once per process.
+
+    Why a switch: on 1.34+ a continue page comes from the cache only while the answering
+    apiserver still holds the first page's snapshot: not with ListFromCacheSnapshot
+    turned off, nor when a load balancer sends the pages of one list to different
+    apiservers. There the pages after the first are read from etcd."""
+    if pages not in LIST_PAGES:
+        raise ValueError(f"list pages must be one of {', '.join(LIST_PAGES)}")
+    if pages == "off":
+        return False
     try:
         info = rest.request("GET", "/version", timeout=15.0)
     except (ApiError, TransportError) as exc:
@@ -189,11 +202,21 @@ def lists_from_snapshots(rest: RestClient) -> bool:
                  error=str(exc))
         return False
     major, minor = _leading_int(info.get("major")), _leading_int(info.get("minor"))
+    if major is None or minor is None:  # some servers fill in gitVersion only
+        major, minor = _git_version(info.get("gitVersion"))
     snapshots = major is not None and minor is not None and (major, minor) >= (
         1, SNAPSHOT_MINOR)
     log.info("server version", version=str(info.get("gitVersion", ""))[:40],
              paginated_lists_from_cache=snapshots)
     return snapshots
+
+
+def _git_version(value: Any) -> tuple[int | None, int | None]:
+    """(major, minor) of a gitVersion such as "v1.34.2-eks-1", else (None, None)."""
+    parts = str(value or "").removeprefix("v").split(".")
+    if len(parts) < 2:
+        return None, None
+    return _leading_int(parts[0]), _leading_int(parts[1])
 
 
 def _leading_int(value: Any) -> int | None:
