@@ -50,6 +50,9 @@ ANN_ALLOW_RESTART_BY = "himitsu.io/allow-restart-by"
 # On a target whose HimitsuSecret names workloads: the random key of the status's MACs
 # of the data (sync.rollout); only readers of the Secret (who see the data) see it.
 ANN_ROLLOUT_SALT = "himitsu.io/rollout-salt"
+# Beside it, stamped by the write that changed the data: when, and a MAC (keyed by the
+# salt) binding that time to the data, so a stale or foreign value counts for nothing.
+ANN_DATA_CHANGED_AT = "himitsu.io/data-changed-at"
 # On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
 # token may be sent to (narrower than --allowed-api-urls, never wider).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
@@ -93,10 +96,11 @@ _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 # [0-9], not \d: Go accepts ASCII digits only, and \d would let float() read any script's.
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {
-    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6,
-    "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0,
+_UNIT_NS = {
+    "ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3,
+    "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9,
 }
+_GO_MAX_NS = 1 << 63  # Go's durations are int64 nanoseconds
 
 
 class InvalidSpec(ValueError):
@@ -117,7 +121,7 @@ def parse_duration(text: str) -> float:
     if raw.startswith("-"):
         raise InvalidSpec(f"refreshInterval {_show(raw)} is negative; use 0 to sync once")
     body = raw[1:] if raw.startswith("+") else raw
-    total = 0.0
+    total = 0
     pos = 0
     while pos < len(body):
         match = _DURATION_PART_RE.match(body, pos)
@@ -125,11 +129,35 @@ def parse_duration(text: str) -> float:
             raise InvalidSpec(
                 f"refreshInterval {_show(raw)} is not a Go duration; use forms like 30s, 1m, 1h30m"
             )
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        total += _go_part_ns(match.group(1), _UNIT_NS[match.group(2)])
         pos = match.end()
-    if total > MAX_REFRESH_SECONDS:
+        if total > _GO_MAX_NS:
+            break
+    if total > MAX_REFRESH_SECONDS * 10**9:
         raise InvalidSpec(f"refreshInterval {_show(raw)} is longer than a year")
-    return total
+    return total / 10**9
+
+
+def _go_part_ns(number: str, unit: int) -> int:
+    """One ``<number><unit>`` of a duration in nanoseconds exactly as Go's
+    time.ParseDuration (and so the apiserver's CEL duration()) adds it up: the integer
+    part exactly, the fraction's digits while they fit in 63 bits, scaled in float64
+    and truncated: "24h0.1ns" is 24h to both. Above 2**63: Go refuses it."""
+    whole, _, fraction = number.partition(".")
+    if len(whole.lstrip("0")) > 19:
+        return _GO_MAX_NS + 1  # past int64 (and past Python's int() digit limit)
+    ns = int(whole or "0") * unit
+    digits, scale = 0, 1.0
+    for char in fraction:
+        if digits > _GO_MAX_NS // 10:
+            break  # Go drops the digits that would overflow
+        grown = digits * 10 + int(char)
+        if grown > _GO_MAX_NS:
+            break
+        digits, scale = grown, scale * 10
+    if digits:
+        ns += int(float(digits) * (float(unit) / scale))
+    return ns
 
 
 def parse_refresh_interval(spec: Mapping[str, Any]) -> float:

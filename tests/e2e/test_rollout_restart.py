@@ -166,3 +166,17 @@ def test_an_unmounted_volume_is_no_reference_and_the_workload_s_consent_allows_a
     rollout.polls_pass(4)
     assert rollout.restarts() == consented + 1 and "warning" not in rollout.entry()
     h.wait_ready(ns, "app")
+
+
+def test_every_min_restart_interval_the_apiserver_admits_the_operator_accepts(
+        h: Harness, ns: str) -> None:
+    """CEL's duration() is Go's time.ParseDuration, which drops a fraction of a
+    nanosecond: "24h0.1ns" is exactly 24h to the apiserver (admitted), and so it must be
+    to the operator, or the whole sync stops (InvalidSpec) over a batching knob."""
+    env, _ = h.environment("API_KEY")
+    for i, window in enumerate(("24h0.1ns", "24h0.0000000001s")):
+        body = hsec_body(f"long-{i}", env, api_url=h.standin.api_url,
+                         target=f"long-{i}-secrets", refresh="1m")
+        body["spec"]["minRestartInterval"] = window
+        h.kube.create(hsec_path(ns), body)  # the apiserver admits it...
+        assert api.parse_spec(body).rollout.min_interval == 24 * 3600  # ...the operator too
