@@ -20,9 +20,12 @@ A restart is made once for every claim it serves, so a claim is served without r
 again when the workload was restarted after the claim's data was already in the target
 (``changed``: the restart's pods read it), even by a restart made for another claimant,
 in another process: two HimitsuSecrets owed a restart of one workload when the operator
-restarts or the Lease moves get one, not one each. And every window opens no earlier
-than the workload's last restart known here, so a claim older than that restart (made
-before an operator restart) does not cut the next window short.
+restarts or the Lease moves get one, not one each (once the workload, read, says the
+claim counts: see below). And every window opens no earlier than the workload's last
+restart known here, so a claim older than that restart (made before an operator
+restart) does not cut the next window short. A ``restartedAt`` further ahead of this
+clock than ``CLOCK_SLACK`` (a former leader's clock ahead, or the owner's doing) proves
+nothing and is disregarded, and a restart is reported as made at no later than now.
 
 Before patching, the workload is read: a missing one has nothing to restart (its pods,
 once created, read the Secret as it is); a claim whose Secret its pod template does not
@@ -127,12 +130,6 @@ class Restarter:
                 del slot.done[claim.holder]
                 self._drop_if_idle(key, slot, claim.holder)
             return done
-        if _rolled_out(claim, slot.restarted):  # by a restart made for another claimant
-            slot.claims.pop(claim.holder, None)
-            metrics.count_rollout("coalesced")
-            done = slot.done[claim.holder] = Outcome(
-                "done", slot.restarted, "coalesced", claim.digest)
-            return done
         previous = slot.claims.get(claim.holder)
         if previous is not None and previous.digest != claim.digest:
             metrics.count_rollout("coalesced")  # a further change, batched
@@ -140,7 +137,9 @@ class Restarter:
         due = _due(slot.claims.values(), slot.restarted)
         at = max(due, slot.retry_at)
         now = self._now()
-        if now < at:
+        # Rolled out already by a restart made for another claimant: settled at once,
+        # once the workload (read) says the claim counts (it reads the Secret, or consents).
+        if now < at and not (_rolled_out(claim, slot.restarted) and now >= slot.retry_at):
             return Outcome("failed" if slot.failures else "waiting", at)
         return self._restart(key, slot, claim.holder, now)
 
@@ -218,7 +217,12 @@ class Restarter:
         """The outcomes of the claims the workload as read settles; the others (none
         when the restart is made) wait for the window the workload's last restart opened."""
         namespace, kind, name = key
-        slot.restarted = max(slot.restarted, _restarted(workload, 0.0))
+        # A restartedAt ahead of this clock by more than replicas' clocks may differ (a
+        # former leader's clock ahead, or set by the workload's owner) proves nothing.
+        stamp = _restarted(workload, 0.0)
+        if stamp <= now + CLOCK_SLACK:
+            slot.restarted = max(slot.restarted, stamp)
+        last = min(slot.restarted, now)  # a restart reported is one made by now
         read, served = secrets_read(workload), _served(workload)
         outcomes: dict[str, Outcome] = {}
         wanted: list[Claim] = []
@@ -231,11 +235,10 @@ class Restarter:
                 continue
             wanted.append(c)
             if served.get(_name(c.holder)) == c.digest:  # the status write was lost
-                outcomes[c.holder] = Outcome("done", slot.restarted or now, "coalesced",
-                                             c.digest)
+                outcomes[c.holder] = Outcome("done", last or now, "coalesced", c.digest)
             elif _rolled_out(c, slot.restarted):
                 metrics.count_rollout("coalesced")
-                outcomes[c.holder] = Outcome("done", slot.restarted, "coalesced", c.digest)
+                outcomes[c.holder] = Outcome("done", last, "coalesced", c.digest)
             else:
                 fresh.append(c)
         if not fresh or now < _due(fresh, slot.restarted):
