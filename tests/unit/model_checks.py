@@ -201,6 +201,7 @@ class Oracle:
         prior = self.world.server.get(SECRET, namespace, name)
         if prior is None:
             return
+        self.rollout.secret_written(name, prior)
         key, spec = self._current()
         if method == "DELETE":
             refs = (prior.get("metadata") or {}).get("ownerReferences") or []

@@ -5,8 +5,10 @@ model costs stays within its time budget, and the others prove nothing changes w
 The oracle keeps the data ``w<slot>``'s pods were last started with: the rendering the
 target held when the HimitsuSecret's rolloutRestarts entry was first recorded (the
 documented baseline: an entry seen for the first time takes the data as the pods have
-it; a new token changes nothing), then the rendering at each restart. Computed from Himitsu's
-history and the spec (``render``), never from the operator's record. Checked:
+it; a new token changes nothing), unless its first sync changed a target that existed
+(the pods have what it held before: a restart is owed), then the rendering at each
+restart. Computed from Himitsu's history and the spec (``render``), never from the
+operator's record. Checked:
 
 * ``restart``: a restart (a patch of the Deployment) happens only while the target's
   rendering differs from what the pods have; after a quiet period, the pods of every
@@ -49,14 +51,28 @@ class RolloutOracle:
         self.world = world
         self.violation = violation
         self.pods: dict[str, dict[str, str] | None] = {}  # h<slot> -> rendering; None: unknown
+        self.before: dict[str, Any] = {}  # h<slot> -> its target's data before its first sync
 
     def reset(self, name: str) -> None:
         """A new HimitsuSecret in the slot, or a new token: the baseline is taken anew."""
         self.pods[name] = None
+        self.before.pop(name, None)
+
+    def secret_written(self, target: str, prior: Mapping[str, Any]) -> None:
+        """An update or replacement of target ``t<slot>`` that existed, by its
+        HimitsuSecret's first sync (no configVersion yet): what its pods read before."""
+        name = "h" + target.removeprefix("t")
+        obj = self.world.server.get(HSEC, NS, name)
+        if obj is not None and self.pods.get(name) is None and \
+                "configVersion" not in (obj.get("status") or {}):
+            self.before.setdefault(name, prior.get("data") or {})
 
     def status_written(self, name: str, stored: Mapping[str, Any]) -> None:
         if self.pods.get(name) is None and (stored.get("status") or {}).get("rolloutRestarts"):
-            self.pods[name] = self.rendering(name)
+            # What the pods read before that first sync: no rendering of this source.
+            target = self.world.server.get(SECRET, NS, f"t{name[1:]}") or {}
+            changed = name in self.before and self.before[name] != (target.get("data") or {})
+            self.pods[name] = {"": "before the first sync"} if changed else self.rendering(name)
 
     def restarted(self, workload_name: str) -> None:
         name = "h" + workload_name.removeprefix("w")

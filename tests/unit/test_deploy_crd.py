@@ -66,12 +66,70 @@ CEL_TWINS: dict[str, Callable[[Any], bool]] = {
 
 
 def _go_seconds(text: str) -> float:
-    """Go's time.ParseDuration for what the pattern admits (CEL's duration()); too long an
-    interval is api.py's refusal, not this rule's."""
-    try:
-        return api.parse_duration(text)
-    except api.InvalidSpec:
-        return float("inf")
+    """CEL's duration() is Go's time.ParseDuration: a model of Go's code (time/format.go),
+    not api.parse_duration, for what the pattern admits; an overflow is "too long"."""
+    ns = _go_parse_duration(text.strip())
+    return float("inf") if ns is None else ns / 1e9
+
+
+def _go_parse_duration(s: str) -> int | None:
+    """Go's ParseDuration, line for line: nanoseconds, None when Go says invalid."""
+    units = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9,
+             "m": 60 * 10**9, "h": 3600 * 10**9}
+    top = 1 << 63
+    neg = s[:1] == "-"
+    if s[:1] in "+-" and s:
+        s = s[1:]
+    if s == "0":
+        return 0
+    if not s:
+        return None
+    d = 0
+    while s:
+        i, v = 0, 0
+        while i < len(s) and "0" <= s[i] <= "9":  # leadingInt
+            if v > top // 10:
+                return None
+            v = v * 10 + ord(s[i]) - ord("0")
+            if v > top:
+                return None
+            i += 1
+        pre, s = i > 0, s[i:]
+        f, scale, post = 0, 1.0, False
+        if s[:1] == ".":
+            s, i, overflow = s[1:], 0, False
+            while i < len(s) and "0" <= s[i] <= "9":  # leadingFraction
+                if not overflow:
+                    if f > (top - 1) // 10:
+                        overflow = True
+                    else:
+                        y = f * 10 + ord(s[i]) - ord("0")
+                        if y > top:
+                            overflow = True
+                        else:
+                            f, scale = y, scale * 10
+                i += 1
+            post, s = i > 0, s[i:]
+        if not pre and not post:
+            return None
+        i = 0
+        while i < len(s) and s[i] != "." and not "0" <= s[i] <= "9":
+            i += 1
+        unit = units.get(s[:i])
+        if unit is None:
+            return None
+        s = s[i:]
+        if v > top // unit:
+            return None
+        v *= unit
+        if f > 0:
+            v += int(float(f) * (float(unit) / scale))
+            if v > top:
+                return None
+        d += v
+        if d > top:
+            return None
+    return -d if neg else d if d <= top - 1 else None
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
@@ -310,8 +368,8 @@ def test_rollout_restart_targets_schema_matches_the_operator() -> None:
     status = node("status", "rolloutRestarts")
     assert status["x-kubernetes-list-map-keys"] == ["kind", "name"]
     assert set(status["items"]["properties"]) == {
-        "kind", "name", "dataMac", "saltId", "keyId", "pendingSince", "pendingMac", "changedAt",
-        "lastRestart", "warning"}
+        "kind", "name", "dataMac", "saltId", "dataVersion", "keyId", "pendingSince",
+        "pendingMac", "changedAt", "lastRestart", "warning"}
     good = {**CONTRACT_EXAMPLE["spec"], "minRestartInterval": "30s",
             "rolloutRestartOnCreate": True,
             "rolloutRestartTargets": [{"kind": "Deployment", "name": "web"}]}
@@ -415,6 +473,24 @@ def test_field_patterns(field: tuple[str, ...], good: list[str], bad: list[str])
         assert validate(value, sub) != [], value
 
 
+def test_the_go_duration_model_is_go_s() -> None:
+    """The twin's model, on what Go's time.ParseDuration answers (go1.22)."""
+    for text, ns in (("24h0.1ns", 86400 * 10**9), ("0.0000000001s", 0), ("1.5h", 5400 * 10**9),
+                     (".5s", 5 * 10**8), ("1h0m10s", 3610 * 10**9), ("2µs", 2000),
+                     ("0", 0), ("9223372036.854775807s", 2**63 - 1)):
+        assert _go_parse_duration(text) == ns, text
+    for text in ("", "1", ".s", "1d", "9223372036854775808ns", "3000000h"):
+        assert _go_parse_duration(text) is None, text
+
+
+def test_the_operator_adds_up_durations_as_go_does() -> None:
+    """api.parse_duration is Go's sum in nanoseconds (a fraction of a nanosecond dropped),
+    so the operator and CEL's duration() agree to the nanosecond."""
+    for text in ("24h0.1ns", "24h0.0000000001s", "1.5h", "1h0m10s", "0.3s", "1.000000001s",
+                 "59m59.999999999s", "8784h"):
+        assert api.parse_duration(text) == _go_seconds(text), text
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.from_regex(node("spec", "refreshInterval")["pattern"], fullmatch=True))
 def test_every_duration_the_crd_admits_the_operator_parses(text: str) -> None:
@@ -440,7 +516,8 @@ def test_the_crd_refuses_every_min_restart_interval_the_operator_refuses() -> No
     """A window the CRD admits and the operator calls InvalidSpec would stop the whole
     sync (Ready=False) over a batching knob: the apiserver refuses it at admission."""
     disagree = []
-    for text in ("25h", "24h0m1s", "1000h", "24h", "0.5s", "1ns", "999ms", "0", "1m"):
+    for text in ("25h", "24h0m1s", "1000h", "24h", "0.5s", "1ns", "999ms", "0", "1m",
+                 "24h0.1ns", "24h0.0000000001s", "24h1ns", "23h59m59.9999999999s"):
         obj = {**CONTRACT_EXAMPLE, "spec": {**CONTRACT_EXAMPLE["spec"],
                                             "minRestartInterval": text}}
         try:

@@ -17,13 +17,30 @@ import pytest
 from fakes import FakeKube, b64
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reconcile_world import KEY, NAME, NS, TARGET, TOKEN, World, fetched, make_hsec, values
+from reconcile_world import (
+    KEY,
+    NAME,
+    NS,
+    TARGET,
+    TOKEN,
+    World,
+    fetched,
+    make_hsec,
+    merge_world,
+    values,
+)
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import references, rollout
+from himitsu_controller.sync import references, render, rollout
 from himitsu_controller.sync.ports import KubeError
-from himitsu_controller.sync.restarter import MAX_SERVED, RETRY_CAP, Claim, Restarter
+from himitsu_controller.sync.restarter import (
+    MAX_SERVED,
+    RETRY_CAP,
+    Claim,
+    Restarter,
+    restarted_at,
+)
 
 WINDOW = 10.0
 WEB = {"kind": "Deployment", "name": "web"}
@@ -389,11 +406,13 @@ def _as_an_older_version_wrote_it(world: World, pods_have: str) -> None:
     the token (``keyId``), no salt on the target; ``pods_have``: that data's digest."""
     key = rollout.legacy_key(TOKEN)
     for rec in world.kube.himitsu_secrets[(NS, NAME)]["status"]["rolloutRestarts"]:
-        for name in ("saltId", "pendingMac", "changedAt"):
+        for name in ("saltId", "pendingMac", "changedAt", "dataVersion"):
             rec.pop(name, None)
         rec["keyId"] = hashlib.sha256(key).hexdigest()[:12]
         rec["dataMac"] = hmac.new(key, pods_have.encode(), hashlib.sha256).hexdigest()[:32]
-    del world.kube.secrets[(NS, TARGET)]["metadata"]["annotations"][api.ANN_ROLLOUT_SALT]
+    ann = world.kube.secrets[(NS, TARGET)]["metadata"]["annotations"]
+    for stamp in (api.ANN_ROLLOUT_SALT, api.ANN_DATA_CHANGED_AT):
+        ann.pop(stamp, None)
 
 
 @pytest.mark.parametrize("owed", [False, True])
@@ -575,6 +594,225 @@ def test_a_target_recreated_across_an_operator_restart_restarts_nothing() -> Non
     assert world.target()["metadata"]["annotations"][api.ANN_ROLLOUT_SALT] != salt
     world.poll(himitsu.NotModified(5))
     assert restarts(world) == []
+
+
+# --- who chooses the salt, and when it cannot be trusted ------------------------------
+
+
+def test_a_salt_chosen_by_someone_who_cannot_read_the_secret_is_not_used() -> None:
+    """A user who may create Secrets (not read them) and read HimitsuSecrets creates the
+    target first, with the operator's public stamps and a salt of their choosing: adopted
+    as the Owner target, its salt must not key the status MACs (they could test guesses
+    of the values offline against them). The operator's first write stamps its own."""
+    world = rollout_world()
+    world.kube.put_secret({
+        "metadata": {"namespace": NS, "name": TARGET,
+                     "labels": {api.LABEL_MANAGED: "true",
+                                api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE},
+                     "annotations": {api.ANN_OWNED_BY: NAME,
+                                     api.ANN_ROLLOUT_SALT: "chosen-by-the-user"}},
+        "type": "Opaque", "data": {}})
+    world.sync(5)
+    assert world.data() == values()  # written: the Secret was taken as the operator's
+    assert world.target()["metadata"]["annotations"][api.ANN_ROLLOUT_SALT] \
+        != "chosen-by-the-user"
+    guess = render.data_hash(render.render("KeyValue", values()))
+    forged = rollout._mac("chosen-by-the-user", guess)
+    assert forged not in str(world.status()), entry(world)
+
+
+def test_a_salt_rewritten_on_the_target_does_not_swallow_the_restart_of_a_change() -> None:
+    """Whoever may patch the target (a Merge target's foreign owner, a GitOps tool), but
+    not the Deployment, rewrites himitsu.io/rollout-salt between two polls; the next poll
+    brings new data the pods do not have: the restart is owed, and our salt put back."""
+    world = rollout_world()
+    world.sync(5)
+    world.poll(himitsu.NotModified(5))
+    ann = world.target()["metadata"]["annotations"]
+    ours = ann[api.ANN_ROLLOUT_SALT]
+    world.kube.edit_secret(NS, TARGET, metadata={
+        **world.target()["metadata"], "annotations": {**ann, api.ANN_ROLLOUT_SALT: "forged"}})
+    world.poll(fetched(6, changed("b")))  # the wake of the edit finds Himitsu changed
+    assert world.data() == changed("b")
+    assert world.target()["metadata"]["annotations"][api.ANN_ROLLOUT_SALT] == ours
+    world.clock.advance(WINDOW)
+    world.reconcile()  # the window closed: no poll due yet
+    world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1, entry(world)
+
+
+def test_a_target_lost_while_the_operator_was_down_still_restarts_for_new_data() -> None:
+    """The target is deleted (a GitOps prune, a namespace restore) while no operator
+    process runs, and Himitsu changed meanwhile: the recreated Secret holds data the pods
+    never had (another config version than theirs), so its sync restarts them."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    world.restart()
+    del world.kube.secrets[(NS, TARGET)]
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    assert world.data() == changed("b")
+    world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1, entry(world)
+
+
+def test_a_merge_target_s_first_sync_changes_the_data_its_pods_read_and_restarts() -> None:
+    """Issue 16: no restart "on the first creation of the Secret unless the user opts in".
+    A Merge target is not created: the Helm Secret existed, web's pods read it, and the
+    first sync adds the Himitsu keys to it, a change those pods never saw."""
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.sync(5)
+    assert "KEY_0" in world.data() and "HELM_KEY" in world.data()
+    world.clock.advance(WINDOW)
+    world.reconcile()
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1, entry(world)
+
+
+# --- a crash between the target's write and the status write ---------------------------
+
+
+def _lose_status_writes(world: World, n: int = 3) -> None:
+    """The next ``n`` status patches never reach the apiserver (the operator dies)."""
+    world.kube.fail_next["patch_status"] = [KubeError("apiserver gone", status=0)] * n
+
+
+def _other(world: World, *script: Any) -> None:
+    world.fetcher.then(*script)
+    world.reconciler.reconcile(f"{NS}/other")
+    assert not world.fetcher.script
+
+
+def test_a_change_written_just_before_a_crash_is_restarted_while_himitsu_is_down() -> None:
+    """The Secret got the new data, the status patches were lost (crash), and the next
+    process finds Himitsu down: the target (as the operator wrote it, its data-hash its
+    data's, at a config version the status has not recorded) says what the pods must get."""
+    world = rollout_world()
+    world.sync(5)
+    _lose_status_writes(world)
+    world.poll(fetched(6, changed("b")))
+    assert world.data() == changed("b") and world.status()["configVersion"] == 5
+    world.restart()
+    for _ in range(5):
+        world.clock.advance(60)
+        world.reconcile(himitsu.ServerError("down"))
+    assert world.data() == changed("b")
+    assert len(restarts(world)) == 1, world.status().get("rolloutRestarts")
+
+
+def test_two_changes_before_a_crash_are_one_restart_even_if_one_status_was_lost() -> None:
+    """Both Secrets rotate within the window (VSO #644); other's status patch is lost in
+    the crash. The next process restarts web for app-config after the window: its pods
+    read both new Secrets already (other's write stamped when its data changed), so
+    other's change is not restarted a second time."""
+    world = two_holders()
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    _lose_status_writes(world)
+    _other(world, fetched(6, changed("o")))
+    assert world.kube.status(NS, "other")["configVersion"] == 5
+    world.restart()
+    world.clock.advance(WINDOW)
+    world.reconcile(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1
+    world.clock.advance(1)
+    _other(world, fetched(6, changed("o")))  # a full fetch: its status says version 5
+    for _ in range(3):
+        world.clock.advance(WINDOW)
+        _other(world)
+    assert len(restarts(world)) == 1, restarts(world)
+
+
+def test_an_upgrade_with_two_owed_claims_on_one_workload_restarts_it_once() -> None:
+    """Two HimitsuSecrets owe web a restart when the operator is upgraded from the version
+    without the salt (records keyed by the token: keyId, no pendingMac/changedAt). The
+    restart for the first serves the second, whose change was in its Secret long before
+    (since its pendingSince)."""
+    world = two_holders()
+    had = {n: world.kube.secret(NS, t)["metadata"]["annotations"][api.ANN_DATA_HASH]
+           for n, t in ((NAME, TARGET), ("other", "other-secrets"))}
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    _other(world, fetched(6, changed("o")))
+    key = rollout.legacy_key(TOKEN)
+    for name, target in ((NAME, TARGET), ("other", "other-secrets")):
+        for rec in world.kube.himitsu_secrets[(NS, name)]["status"]["rolloutRestarts"]:
+            for field in ("saltId", "pendingMac", "changedAt", "dataVersion"):
+                rec.pop(field, None)
+            rec["keyId"] = hashlib.sha256(key).hexdigest()[:12]
+            rec["dataMac"] = hmac.new(key, had[name].encode(), hashlib.sha256).hexdigest()[:32]
+        ann = world.kube.secrets[(NS, target)]["metadata"]["annotations"]
+        for stamp in (api.ANN_ROLLOUT_SALT, api.ANN_DATA_CHANGED_AT):
+            del ann[stamp]
+    world.restart()
+    world.clock.advance(WINDOW)
+    world.reconcile(fetched(6, changed("b")))  # no salt yet: a full fetch stamps one
+    world.clock.advance(1)
+    _other(world, fetched(6, changed("o")))
+    assert len(restarts(world)) == 1
+    for _ in range(3):
+        world.clock.advance(WINDOW)
+        _other(world)
+        world.reconcile()
+    assert len(restarts(world)) == 1, restarts(world)
+
+
+# --- what a workload's restartedAt proves, and consent ---------------------------------
+
+
+def test_a_restarted_at_from_a_clock_ahead_does_not_swallow_later_changes() -> None:
+    """The last leader's clock was an hour ahead (README allows 1 s), or the workload's
+    owner put a future himitsu.io/restartedAt in the template: it proves nothing, so a
+    change made meanwhile is still restarted, and no restart is reported in the future."""
+    world = rollout_world()
+    world.sync(5)
+    template = world.kube.workloads[(NS, "Deployment", "web")]["spec"]["template"]
+    template["metadata"]["annotations"] = {
+        api.ANN_RESTARTED_AT: restarted_at(world.clock.now.timestamp() + 3600)}
+    world.restart()
+    world.poll(fetched(6, changed("b")))
+    for _ in range(5):
+        world.clock.advance(WINDOW)
+        world.reconcile()
+    world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1, entry(world)
+    last = api.parse_time(entry(world)["lastRestart"])
+    assert last is not None and last <= world.clock.now
+
+
+def test_a_workload_that_does_not_read_a_secret_is_never_reported_restarted_for_it() -> None:
+    """HimitsuSecret ``other`` names Deployment web, which reads only app-secrets and
+    gives ``other`` no consent. After an operator restart app-config's owed restart is
+    made first; other's claim is not taken as served by it: no lastRestart, no
+    RolloutRestarted Event for other-secrets, and the "does not read" warning stays."""
+    world = rollout_world()  # web reads app-secrets only
+    other = make_hsec(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    other["metadata"]["name"] = "other"
+    other["spec"]["target"]["name"] = "other-secrets"
+    world.kube.add_himitsu_secret(other)
+    world.sync(5)
+    _other(world, fetched(5))
+
+    def other_entry() -> dict[str, Any]:
+        (rec,) = world.kube.status(NS, "other")["rolloutRestarts"]
+        assert isinstance(rec, dict)
+        return rec
+
+    assert "does not read Secret 'other-secrets'" in other_entry()["warning"]
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    _other(world, fetched(6, changed("o")))
+    world.restart()
+    world.clock.advance(WINDOW)
+    world.reconcile(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1
+    world.clock.advance(2)
+    _other(world, himitsu.NotModified(6))
+    assert "lastRestart" not in other_entry(), other_entry()
+    assert "does not read Secret 'other-secrets'" in other_entry().get("warning", "")
+    assert not [e for e in world.kube.events if e.reason == "RolloutRestarted"
+                and "other-secrets" in e.message]
 
 
 def test_status_holds_no_digest_of_the_data() -> None:

@@ -43,6 +43,10 @@ class Memory:
     # written or confirmed here: what sync.rollout MACs its record of the pods' data with.
     digest: str | None = None
     salt: str | None = field(default=None, repr=False)
+    version: int | None = None  # the config version the target holds (its annotation)
+    changed_at: str | None = None  # its himitsu.io/data-changed-at
+    # A first sync's write: "created" the target, or "changed" one that existed (rollout).
+    first_write: str | None = None
     # A key derived from the token: an older version's record is checked with it (rollout).
     legacy_key: bytes | None = field(default=None, repr=False)
 

@@ -156,8 +156,9 @@ class HimitsuSecretReconciler:
         # The data must be written anew (a first sync, a repair, another token: a token's
         # hash is no part of the target's source stamp, but it is the poller's source).
         intact = held and mem.source in (None, source)
+        # A rollout salt we cannot vouch for is a stamp to put back (a full sync).
         known = self._known_version(ctx, intact=held and targets.holds_stamps(
-            target, owner=ctx.owner, spec=spec))
+            target, owner=ctx.owner, spec=spec, salt=self._salt(ctx, spec, mem, target)))
         floor = ctx.status.config_version if held else None
         result, retry = self._fetch(
             ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
@@ -177,7 +178,8 @@ class HimitsuSecretReconciler:
             metrics.observe_lateness(polled - (mem.due or polled))
         if isinstance(result, himitsu.NotModified):
             data_changed, count = False, ctx.status.secret_count
-            rollout.note_held(mem, target)  # what the rollout record is compared with
+            # What the rollout record is compared with.
+            rollout.note_held(mem, target, self._salt(ctx, spec, mem, target))
             metrics.count_sync("not_modified")
         else:
             rendered = self._render(spec, result.secrets)
@@ -204,6 +206,14 @@ class HimitsuSecretReconciler:
             soon = polled + retry if retry is not None else answered + schedule.FRESH
             mem.due = soon if mem.due is None else min(mem.due, soon)
         return wakes.until_due(mem, now=self._clock())
+
+    def _salt(self, ctx: wakes.Context, spec: api.Spec, mem: Memory,
+              target: Mapping[str, Any] | None) -> str | None:
+        """The rollout salt to keep on the target (None: a fresh one is to be stamped):
+        ours, never one only someone else chose (``rollout.trusted_salt``)."""
+        if not spec.rollout.targets or mem.salt is not None:
+            return mem.salt if spec.rollout.targets else None
+        return rollout.trusted_salt(mem, target, self._status.rollout_entries(ctx.key, ctx.obj))
 
     def _follow_spec(self, ctx: wakes.Context, spec: api.Spec, mem: Memory, api_url: str) -> None:
         """Memory follows the spec: a HimitsuSecret whose spec names another source leaves
@@ -331,10 +341,14 @@ class HimitsuSecretReconciler:
         self, ctx: wakes.Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
         rendered: dict[str, str], version: int,
     ) -> bool:
+        salt = (self._salt(ctx, spec, mem, target) or token_hex(16)) \
+            if spec.rollout.targets else None
+        changed_at = rollout.changed_stamp(salt, render.data_hash(rendered), self._clock()) \
+            if salt else None
         try:
             done = writes.write(self._kube, owner=ctx.owner, spec=spec, target=target,
-                                rendered=rendered, version=version,
-                                salt=mem.salt or token_hex(16))
+                                rendered=rendered, version=version, salt=salt,
+                                changed_at=changed_at)
         except writes.Refused as exc:
             raise _Failure(exc.reason, exc.message) from None
         except writes.Raced as exc:
@@ -352,7 +366,10 @@ class HimitsuSecretReconciler:
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.races = 0
-        rollout.note_held(mem, done.secret)
+        rollout.note_held(mem, done.secret, salt)
+        if done.data_changed and ctx.status.config_version is None:  # a first sync
+            mem.first_write = "created" if done.created else \
+                mem.first_write if done.retyped_only else "changed"
         mem.expect(resource_version(done.secret))
         if done.wrote:
             mem.read_live = False

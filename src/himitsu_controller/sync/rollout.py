@@ -15,21 +15,29 @@ is put back before its window closes owes nothing any more; and a change written
 before the operator stopped (or lost the Lease) is still owed by the next process,
 because the record only moves once the restart (or the finding that none is needed) is
 done. A target entry seen for the first time takes the data as it is as what its pods
-have (``rolloutRestartOnCreate`` makes a HimitsuSecret's first sync owe a restart).
+have, unless a first sync changed a Secret that existed (a Merge target's: its pods read
+it before) or ``rolloutRestartOnCreate`` makes a first sync owe a restart.
 
 What the target holds is the digest its ``himitsu.io/data-hash`` records: as this process
 last wrote or confirmed it, else (a fetch failed after an operator restart) as the cached
-target shows it when it holds what we wrote. So neither Himitsu nor the token holds back
-a restart owed for data already in the Secret.
+target shows it when it holds what we wrote (at whichever version). So neither Himitsu
+nor the token holds back a restart owed for data already in the Secret. The write that
+changes the data stamps when (``himitsu.io/data-changed-at``, MACed with the data), which
+is the claim's ``changedAt``: a restart made after it serves the claim, even when the
+status write of that change was lost.
 
 The MAC is keyed by a random salt kept on the target Secret (``himitsu.io/rollout-salt``,
 seen only by those who may read the data anyway): status is readable by whoever may read
 HimitsuSecrets, and a plain digest there would let them confirm guesses of a Secret they
-cannot read. The salt survives token rotations and operator restarts; a target recreated
-while no process remembers its salt gets a new one (``saltId`` in status tells), and its
-record is taken as matching (no restart) unless a restart was owed already. Records an
-older version wrote (MACs keyed by the token, ``keyId``) are checked with the token and
-carried over once the target has a salt, deciding exactly as that version would.
+cannot read. So the operator alone chooses it: its first write stamps a fresh one over
+whatever is there, and it trusts only the salt it remembers or one the status's one-way
+``saltId`` vouches for (``trusted_salt``). The salt survives token rotations and operator
+restarts; one lost with its target (deleted while no process remembered it) or replaced
+by someone else gives way to a new one, and the record then decides by the config
+version the pods were started with (``dataVersion``): owed exactly when the target's
+differs. Records an older version wrote (MACs keyed by the token, ``keyId``) are checked
+with the token and carried over once the target has a salt, deciding exactly as that
+version would; a restart owed there counts as owed since its ``pendingSince``.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from secrets import token_hex
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -53,10 +62,21 @@ from himitsu_controller.sync.restarter import Claim, Outcome, Restarter, unrefer
 from himitsu_controller.sync.status import StatusWriter, bounded
 from himitsu_controller.sync.wakes import Context
 
-__all__ = ["Rollouts", "legacy_key", "note_held", "pending"]
+__all__ = ["Rollouts", "legacy_key", "note_held", "pending", "trusted_salt"]
 
 log = structlog.get_logger(__name__)
 _PENDING = ("pendingSince", "pendingMac", "changedAt")
+_CHANGED = "himitsu-data-changed-at\x00"
+
+
+class _Held(NamedTuple):
+    """What the target holds: its data's digest, the salt, its config version, and its
+    ``himitsu.io/data-changed-at``."""
+
+    digest: str
+    salt: str
+    version: int | None
+    changed_at: str | None
 
 
 def _mac(salt: str, digest: str) -> str:
@@ -64,7 +84,29 @@ def _mac(salt: str, digest: str) -> str:
 
 
 def _salt_id(salt: str) -> str:
-    return hashlib.sha256(b"himitsu-rollout-salt\x00" + salt.encode()).hexdigest()[:12]
+    """One-way: the status shows which salt without giving it, and vouches for it."""
+    return hashlib.sha256(b"himitsu-rollout-salt\x00" + salt.encode()).hexdigest()[:32]
+
+
+def _vouches(salt_id: Any, salt: str) -> bool:
+    """A status ``saltId`` is ``salt``'s (older versions wrote its first 12 digits)."""
+    return (isinstance(salt_id, str) and len(salt_id) >= 12
+            and hmac.compare_digest(_salt_id(salt)[:len(salt_id)], salt_id))
+
+
+def trusted_salt(mem: Memory, target: Mapping[str, Any] | None,
+                 entries: list[dict[str, Any]]) -> str | None:
+    """The rollout salt to MAC with and stamp: the one this process stamped or
+    confirmed, else the target's when the status's ``saltId`` vouches for it; None: a
+    fresh one is to be stamped. Never one only someone else chose: whoever may create or
+    patch the target without reading it could then test guesses of its values against
+    the status MACs."""
+    if mem.salt is not None:
+        return mem.salt
+    salt = target_rules.annotations_of(target).get(api.ANN_ROLLOUT_SALT)
+    if salt and any(_vouches(e.get("saltId"), salt) for e in entries):
+        return salt
+    return None
 
 
 def legacy_key(token: str) -> bytes:
@@ -88,12 +130,35 @@ def pending(obj: Mapping[str, Any]) -> bool:
         isinstance(e, Mapping) and e.get("pendingSince") for e in entries)
 
 
-def note_held(mem: Memory, target: Mapping[str, Any] | None) -> None:
-    """What the target now holds, by its stamps (data-hash, rollout salt), written or
-    confirmed by this process: what the record is compared with."""
+def note_held(mem: Memory, target: Mapping[str, Any] | None, salt: str | None) -> None:
+    """What the target now holds, by its stamps (data-hash, config version), written or
+    confirmed by this process, and the salt it was written or confirmed with: what the
+    record is compared with."""
     ann = target_rules.annotations_of(target)
     mem.digest = ann.get(api.ANN_DATA_HASH, mem.digest)
-    mem.salt = ann.get(api.ANN_ROLLOUT_SALT, mem.salt)
+    mem.version = _version(ann) if api.ANN_CONFIG_VERSION in ann else mem.version
+    mem.changed_at = ann.get(api.ANN_DATA_CHANGED_AT) if ann else mem.changed_at
+    mem.salt = salt or mem.salt
+
+
+def changed_stamp(salt: str, digest: str, epoch: float) -> str:
+    """``himitsu.io/data-changed-at``: the target holds the data ``digest`` since ``epoch``."""
+    when = _stamp(epoch)
+    return f"{when};{_mac(salt, _CHANGED + digest + chr(0) + when)[:16]}"
+
+
+def _changed_at(value: str | None, salt: str, digest: str) -> float | None:
+    """The time a ``changed_stamp`` of this data under this salt names, else None."""
+    when, _, mac = (value or "").partition(";")
+    if not mac or not hmac.compare_digest(
+            mac, _mac(salt, _CHANGED + digest + chr(0) + when)[:16]):
+        return None
+    return _epoch(when)
+
+
+def _version(ann: Mapping[str, str]) -> int | None:
+    raw = ann.get(api.ANN_CONFIG_VERSION, "")
+    return int(raw) if raw.isascii() and raw.isdigit() else None
 
 
 def _migrated(entry: dict[str, Any], key: bytes | None, digest: str, mac: str) -> bool:
@@ -107,6 +172,24 @@ def _migrated(entry: dict[str, Any], key: bytes | None, digest: str, mac: str) -
     else:  # keyed by a token replaced before the upgrade and never checked since
         entry["dataMac"] = "" if entry.get("pendingSince") else mac
     return True
+
+
+def _changed(held: _Held, now: float, *, legacy: str | None) -> float:
+    """Since when the target holds its data: as the write that put it there stamped it
+    (before a crash lost the status write, say); for a claim an older version opened (no
+    changedAt: ``legacy``, its pendingSince), since that claim; else since now."""
+    when = _changed_at(held.changed_at, held.salt, held.digest)
+    if when is None and legacy:
+        when = _epoch(legacy)
+    return min(when, now) if when is not None else now
+
+
+def _settled(entry: dict[str, Any], version: int | None) -> None:
+    """The pods have the data the target holds (at config ``version``): nothing owed."""
+    for name in _PENDING:
+        entry.pop(name, None)
+    if version is not None:
+        entry["dataVersion"] = version
 
 
 class Rollouts:
@@ -141,7 +224,7 @@ class Rollouts:
             (key.partition("/")[0], t.kind, t.name) for t in targets))
         if not targets and not previous:
             return None
-        held = self._held(ctx, spec, mem)
+        held = self._held(ctx, spec, mem, previous)
         if held is None:
             return None
         old = {(str(e.get("kind")), str(e.get("name"))): e for e in previous}
@@ -156,55 +239,71 @@ class Rollouts:
                          old.get((target.kind, target.name)) or {}, entry)
             entries.append(entry)
         self._status.rollouts(key, obj, entries)
+        mem.first_write = None  # the new entries it concerns are recorded
         return min(wakes) if wakes else None
 
-    def _held(self, ctx: Context, spec: api.Spec, mem: Memory) -> tuple[str, str] | None:
-        """The digest of the data the target holds and its salt: as this process last
-        wrote or confirmed them, else as the cached target shows them when it holds what
-        we wrote at status.configVersion (its data-hash is then its data's)."""
+    def _held(self, ctx: Context, spec: api.Spec, mem: Memory,
+              entries: list[dict[str, Any]]) -> _Held | None:
+        """The digest of the data the target holds, the salt and the target's config
+        version: as this process last wrote or confirmed them, else as the cached target
+        shows them when it holds what we wrote (at whichever version: the status may not
+        have recorded it yet), with our salt if the status vouches for the target's,
+        else a new one (stamped by the next write)."""
         if mem.digest is not None and mem.salt is not None:
-            return mem.digest, mem.salt
+            return _Held(mem.digest, mem.salt, mem.version, mem.changed_at)
         target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
-        if not target_rules.holds_data(target, owner=ctx.owner, spec=spec,
-                                       version=ctx.status.config_version):
+        if not target_rules.holds_own_data(target, owner=ctx.owner, spec=spec):
             return None
         ann = target_rules.annotations_of(target)
-        digest, salt = ann.get(api.ANN_DATA_HASH), ann.get(api.ANN_ROLLOUT_SALT)
-        return (digest, salt) if digest and salt else None
+        digest = ann.get(api.ANN_DATA_HASH)
+        if not digest:
+            return None
+        mem.salt = trusted_salt(mem, target, entries) or token_hex(16)
+        return _Held(digest, mem.salt, _version(ann), ann.get(api.ANN_DATA_CHANGED_AT))
 
     def _settle(self, ctx: Context, spec: api.Spec, target: api.RolloutTarget, *,
-                entry: dict[str, Any], mem: Memory, held: tuple[str, str]) -> float | None:
+                entry: dict[str, Any], mem: Memory, held: _Held) -> float | None:
         namespace = ctx.owner.namespace
         recheck = ctx.status.observed_generation != ctx.generation
-        if not target.supported:
+        digest, salt, version = held.digest, held.salt, held.version
+        mac, salt_id = _mac(salt, digest), _salt_id(salt)
+        if not target.supported:  # its saltId still vouches for the salt (trusted_salt)
             entry.clear()
-            entry.update(kind=target.kind, name=target.name, warning=(
+            entry.update(kind=target.kind, name=target.name, saltId=salt_id, warning=(
                 f"kind {target.kind!r} cannot be restarted: only "
                 f"{', '.join(api.WORKLOAD_KINDS)}"))
             return None
         now = self._now()
-        digest, salt = held
-        mac, salt_id = _mac(salt, digest), _salt_id(salt)
-        if "keyId" in entry and not _migrated(entry, mem.legacy_key, digest, mac):
+        legacy = "keyId" in entry
+        if legacy and not _migrated(entry, mem.legacy_key, digest, mac):
             return None  # an older version's record: kept as it is until the token is read
-        if "dataMac" not in entry:  # a new entry: the pods have what the target holds
+        if "dataMac" not in entry:  # a new entry: the pods have what the target holds,
+            # unless a first sync changed a Secret they read (a Merge target's) or asks
             first_sync = ctx.status.config_version is None
-            entry["dataMac"] = "" if first_sync and spec.rollout.on_create else mac
+            entry["dataMac"] = "" if first_sync and (
+                spec.rollout.on_create or mem.first_write == "changed") else mac
             recheck = True
-        elif entry.get("saltId", salt_id) != salt_id:  # a salt nobody here remembers
-            entry["dataMac"] = "" if entry.get("pendingSince") else mac
+        elif "saltId" in entry and not _vouches(entry["saltId"], salt):
+            # The salt the record was keyed with is lost (the target deleted while no
+            # process kept it) or was replaced by someone else: by the config version
+            # the pods were started with, a restart is owed unless it is the target's.
+            pods = entry.get("dataVersion")
+            if isinstance(pods, int) and version is not None:
+                entry["dataMac"] = mac if pods == version else ""
+            else:  # an older record: owed only if it was owed already
+                entry["dataMac"] = "" if entry.get("pendingSince") else mac
         entry["saltId"] = salt_id
         if recheck:
             self._check(namespace, target, spec.target.name, ctx.key, entry)
         if entry["dataMac"] == mac:
             if entry.pop("pendingSince", None) is not None:
                 self.restarter.withdraw(namespace, target.kind, target.name, ctx.key)
-            for name in _PENDING:
-                entry.pop(name, None)
+            _settled(entry, version)
             return None
         entry.setdefault("pendingSince", _stamp(now))
         if entry.get("pendingMac") != mac:  # the target holds this data since now, or before
-            entry["pendingMac"], entry["changedAt"] = mac, _stamp(now)
+            entry["pendingMac"], entry["changedAt"] = mac, _stamp(_changed(
+                held, now, legacy=entry["pendingSince"] if legacy else None))
         for _ in range(2):  # once more when the data changed again after a restart
             outcome = self.restarter.claim(namespace, target.kind, target.name, Claim(
                 holder=ctx.key, secret=spec.target.name, digest=mac,
@@ -216,8 +315,7 @@ class Rollouts:
                 return outcome.at
             self._done(entry, outcome)
             if entry["dataMac"] == mac:
-                for name in _PENDING:
-                    entry.pop(name, None)
+                _settled(entry, version)
                 return None
             entry["pendingSince"] = _stamp(now)
         return now

@@ -24,6 +24,8 @@ from himitsu_controller import api
 from himitsu_controller.sync import summary
 from himitsu_controller.sync.render import data_hash
 
+_ANY: Any = object()  # holds_stamps: any rollout salt will do
+
 
 class TargetConflict(Exception):
     """The target belongs to someone else; the message says who, never any value."""
@@ -149,6 +151,15 @@ def holds_data(
     became of its labels and annotations: rewriting it from that answer changes no value."""
     if secret is None or version is None:
         return False
+    return (annotations_of(secret).get(api.ANN_CONFIG_VERSION) == str(version)
+            and holds_own_data(secret, owner=owner, spec=spec))
+
+
+def holds_own_data(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
+    """The target's data is what we wrote for this spec's source at the version its
+    annotation names (its ``himitsu.io/data-hash`` is its data's), whichever that is."""
+    if secret is None:
+        return False
     ann = annotations_of(secret)
     recorded = ann.get(api.ANN_DATA_HASH)
     return (
@@ -156,24 +167,27 @@ def holds_data(
         and owned_by(secret) == owner.name
         and secret.get("type", "Opaque") == spec.target.type
         and ann.get(api.ANN_SOURCE) == spec.source_hash()
-        and ann.get(api.ANN_CONFIG_VERSION) == str(version)
         and summary.holds_hash(
             secret, our_previous_keys(secret, policy=spec.target.creation_policy), recorded)
     )
 
 
-def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
+def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
+                 salt: str | None = _ANY) -> bool:
     """Every label, annotation and reference we stamp is still there: a pruned one (a
     GitOps tool's doing) is put back by the full sync a mismatch asks for, and a removed
     controller reference would leave the Secret to outlive its owner. With workloads to
-    restart, that includes a rollout salt (any: it is random)."""
+    restart, that includes the rollout salt ``salt`` (None: none we trust is there yet;
+    left out: any)."""
     if secret is None:
         return False
     meta = secret.get("metadata") or {}
+    have_salt = annotations_of(secret).get(api.ANN_ROLLOUT_SALT)
     return (
         _holds(labels(secret), _stamped_labels(spec))
         and _holds(annotations_of(secret), _stamped_annotations(spec, owner))
-        and (not spec.rollout.targets or bool(annotations_of(secret).get(api.ANN_ROLLOUT_SALT)))
+        and (not spec.rollout.targets
+             or (bool(have_salt) and (salt is _ANY or have_salt == salt)))
         and (spec.target.creation_policy != "Owner"
              or _owner_ref(owner) in (meta.get("ownerReferences") or []))
     )
@@ -207,10 +221,13 @@ def _owner_ref(owner: Owner) -> dict[str, Any]:
 def desired_secret(
     existing: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
     rendered: Mapping[str, str], version: int, salt: str | None = None,
+    changed_at: str | None = None,
 ) -> dict[str, Any]:
     """The full Secret we want, built on top of ``existing`` so foreign metadata survives
     (a whole Secret: a summary has no values to keep). A HimitsuSecret that names workloads
-    to restart keeps the target's rollout salt, or stamps ``salt`` (``sync.rollout``)."""
+    to restart stamps ``salt`` as its rollout salt, over whatever the target carried: only
+    the operator chooses it (``sync.rollout.trusted_salt``); and ``changed_at`` when the
+    data changes, in the same write."""
     if summary.is_summary(existing):
         raise ValueError("a cached Secret summary is no base for a write")
     policy = spec.target.creation_policy
@@ -245,8 +262,10 @@ def desired_secret(
         api.ANN_SOURCE: spec.source_hash(),
         api.ANN_DATA_HASH: data_hash(rendered),
     })
-    if spec.rollout.targets and salt and not ann.get(api.ANN_ROLLOUT_SALT):
+    if spec.rollout.targets and salt:
         ann[api.ANN_ROLLOUT_SALT] = salt
+        if changed_at and (existing or {}).get("data") != data:
+            ann[api.ANN_DATA_CHANGED_AT] = changed_at
     if policy == "Merge":
         ann[api.ANN_MANAGED_KEYS] = ",".join(sorted(rendered))
     else:

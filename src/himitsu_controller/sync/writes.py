@@ -64,14 +64,18 @@ class Written:
     secret: Mapping[str, Any]  # the target as it now is (unchanged: as it was)
     wrote: bool
     data_changed: bool
+    created: bool = False  # there was no target: this write created it
+    retyped_only: bool = False  # a replacement that kept the data (only the type changed)
 
 
 def write(
     kube: Kube, *, owner: targets.Owner, spec: api.Spec, target: dict[str, Any] | None,
     rendered: dict[str, str], version: int, salt: str | None = None,
+    changed_at: str | None = None,
 ) -> Written:
     """Bring ``target`` (None: there is none) to what ``spec`` and ``rendered`` ask for;
-    ``salt``: the rollout salt stamped on a target that carries none (``targets``).
+    ``salt``: the rollout salt to stamp, over whatever salt the target carries, and
+    ``changed_at`` if the data changes (``targets``).
 
     Raises Refused (nothing was written), Raced, or KubeError (a write was refused; for
     a replacement, only ever the create after the delete, which the dry run vouched for).
@@ -93,7 +97,7 @@ def write(
         desired = targets.desired_secret(
             _carried_over(target, spec) if target is not None and replacing else target,
             owner=owner, spec=spec,
-            rendered=rendered, version=version, salt=salt)
+            rendered=rendered, version=version, salt=salt, changed_at=changed_at)
     except targets.TargetConflict as exc:
         raise Refused("TargetConflict", str(exc)) from None
     try:
@@ -109,6 +113,7 @@ def write(
             elif target is None:
                 written = kube.create_secret(ns, desired)
                 metrics.count_write("create")
+                return Written(secret=written, wrote=True, data_changed=True, created=True)
             elif targets.same_content(target, desired):
                 return Written(secret=target, wrote=False, data_changed=False)
             else:
@@ -119,7 +124,9 @@ def write(
                 return Written(secret=written, wrote=True, data_changed=changed)
     except Conflict:
         raise Raced(creating=target is None or replacing) from None
-    return Written(secret=written, wrote=True, data_changed=True)
+    assert target is not None
+    return Written(secret=written, wrote=True, data_changed=True,
+                   retyped_only=(target.get("data") or {}) == desired["data"])
 
 
 def _whole(kube: Kube, ns: str, name: str, cached: Mapping[str, Any],
