@@ -264,7 +264,7 @@ def desired_secret(
     })
     if spec.rollout.targets and salt:
         ann[api.ANN_ROLLOUT_SALT] = salt
-        if changed_at and (existing or {}).get("data") != data:
+        if changed_at and ((existing or {}).get("data") or {}) != data:
             ann[api.ANN_DATA_CHANGED_AT] = changed_at
     if policy == "Merge":
         ann[api.ANN_MANAGED_KEYS] = ",".join(sorted(rendered))
