@@ -368,7 +368,7 @@ def test_rollout_restart_targets_schema_matches_the_operator() -> None:
     status = node("status", "rolloutRestarts")
     assert status["x-kubernetes-list-map-keys"] == ["kind", "name"]
     assert set(status["items"]["properties"]) == {
-        "kind", "name", "dataMac", "saltId", "dataVersion", "keyId", "pendingSince",
+        "kind", "name", "dataMac", "saltId", "dataVersion", "dataSource", "keyId", "pendingSince",
         "pendingMac", "changedAt", "lastRestart", "warning"}
     good = {**CONTRACT_EXAMPLE["spec"], "minRestartInterval": "30s",
             "rolloutRestartOnCreate": True,

@@ -406,7 +406,7 @@ def _as_an_older_version_wrote_it(world: World, pods_have: str) -> None:
     the token (``keyId``), no salt on the target; ``pods_have``: that data's digest."""
     key = rollout.legacy_key(TOKEN)
     for rec in world.kube.himitsu_secrets[(NS, NAME)]["status"]["rolloutRestarts"]:
-        for name in ("saltId", "pendingMac", "changedAt", "dataVersion"):
+        for name in ("saltId", "pendingMac", "changedAt", "dataVersion", "dataSource"):
             rec.pop(name, None)
         rec["keyId"] = hashlib.sha256(key).hexdigest()[:12]
         rec["dataMac"] = hmac.new(key, pods_have.encode(), hashlib.sha256).hexdigest()[:32]
@@ -738,7 +738,7 @@ def test_an_upgrade_with_two_owed_claims_on_one_workload_restarts_it_once() -> N
     key = rollout.legacy_key(TOKEN)
     for name, target in ((NAME, TARGET), ("other", "other-secrets")):
         for rec in world.kube.himitsu_secrets[(NS, name)]["status"]["rolloutRestarts"]:
-            for field in ("saltId", "pendingMac", "changedAt", "dataVersion"):
+            for field in ("saltId", "pendingMac", "changedAt", "dataVersion", "dataSource"):
                 rec.pop(field, None)
             rec["keyId"] = hashlib.sha256(key).hexdigest()[:12]
             rec["dataMac"] = hmac.new(key, had[name].encode(), hashlib.sha256).hexdigest()[:32]
@@ -968,3 +968,120 @@ def test_the_restart_record_keeps_the_claimants_it_just_served() -> None:
     # h0's status write was lost; the operator restarts; h0 asks again for d2.
     assert claim(Restarter(kube, now=clock), 0, "d2") == "done"
     assert len(kube.restarts) == before, "d2 rolled out twice"
+
+
+def _strip_rollout_stamps(world: World) -> None:
+    """A GitOps tool (Argo CD self-heal with the Secret in git) drops the annotations it
+    does not know: the rollout salt and data-changed-at among them."""
+    meta = world.target()["metadata"]
+    ann = {k: v for k, v in meta["annotations"].items()
+           if k not in (api.ANN_ROLLOUT_SALT, api.ANN_DATA_CHANGED_AT)}
+    world.kube.edit_secret(NS, TARGET, metadata={**meta, "annotations": ann})
+
+
+def test_after_a_salt_loss_new_bytes_at_the_same_config_version_still_restart() -> None:
+    """The salt was stripped while the operator was down, and the spec's template changed
+    (one commit: operator upgrade + new format), so the target's bytes change while
+    Himitsu's config version stays 5. The pods never saw these bytes: the restart is
+    owed, though the config version alone says "same version"."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    world.poll(himitsu.NotModified(5))
+    before = dict(world.target()["data"])
+    world.restart()
+    _strip_rollout_stamps(world)
+    world.edit_target_spec(template={"format": "Json", "key": "config.json"})
+    world.clock.advance(60)
+    world.reconcile(fetched(5))
+    assert world.target()["data"] != before  # the pods' bytes are no longer the target's
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1, entry(world)
+    assert "dataSource" in entry(world)  # a hash of spec fields: no value, no salt
+
+
+def test_after_a_salt_loss_a_version_bump_to_the_same_bytes_restarts_once() -> None:
+    """The documented conservative side (README "Restarting consumers"): once the salt
+    is lost, the record cannot tell bytes apart and decides by config version and source
+    stamp; a new version rendering the same bytes restarts once, then nothing more."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    world.poll(himitsu.NotModified(5))
+    world.restart()
+    _strip_rollout_stamps(world)
+    world.clock.advance(60)
+    world.reconcile(fetched(6))  # the same values as version 5
+    world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1, entry(world)
+    world.clock.advance(60)
+    world.reconcile(fetched(7))
+    world.poll(himitsu.NotModified(7))
+    assert len(restarts(world)) == 1, entry(world)
+
+
+def _as_apiserver(world: World) -> None:
+    """The apiserver omits an empty ``data`` map (``omitempty``) in what it returns."""
+    stored = world.kube.secrets[(NS, TARGET)]
+    if not stored.get("data"):
+        stored.pop("data", None)
+
+
+def test_a_no_op_force_sync_of_an_empty_environment_writes_nothing() -> None:
+    """An environment with no secrets renders no data: the Secret comes back without
+    ``data``. A force-sync that changes nothing must not write, nor restamp
+    himitsu.io/data-changed-at each time."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5, {})
+    _as_apiserver(world)
+    world.poll(himitsu.NotModified(5))
+    writes = world.kube.writes()
+    stamp = world.target()["metadata"]["annotations"].get(api.ANN_DATA_CHANGED_AT)
+    for i in range(3):
+        world.annotate(api.ANN_FORCE_SYNC, str(i))
+        world.clock.advance(60)
+        world.reconcile(fetched(5, {}))
+        _as_apiserver(world)
+    assert world.kube.writes() == writes, world.target()["metadata"]["annotations"]
+    assert world.target()["metadata"]["annotations"].get(api.ANN_DATA_CHANGED_AT) == stamp
+    assert restarts(world) == []
+
+
+def test_a_merge_first_sync_whose_status_write_was_lost_still_restarts() -> None:
+    """A Merge target's first sync adds the Himitsu keys to the Helm Secret web's pods
+    read (a restart is owed), then the operator dies before any status write. The next
+    process finds a first sync whose write is already done: the change is still one the
+    pods never saw, so the restart is still owed, once."""
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    _lose_status_writes(world)
+    world.reconcile(fetched(5))
+    assert "KEY_0" in world.data() and "configVersion" not in world.status()
+    world.restart()
+    world.clock.advance(60)
+    world.reconcile(fetched(5))
+    world.clock.advance(WINDOW)
+    world.reconcile()
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1, entry(world)
+    world.clock.advance(60)
+    world.reconcile(fetched(5))
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1, entry(world)
+
+
+def test_a_recreated_merge_himitsusecret_does_not_restart_for_data_already_there() -> None:
+    """The Merge target outlives its HimitsuSecret; one recreated under the same name
+    (another uid) finds the keys its predecessor's first sync wrote: its pods have them,
+    so its own first sync, which changes nothing, owes nothing."""
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="0")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.reconcile(fetched(5))
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1
+    world.restart()
+    obj = world.kube.himitsu_secrets[(NS, NAME)]
+    obj["metadata"]["uid"] = "recreated-uid"
+    obj.pop("status", None)
+    world.clock.advance(60)
+    world.reconcile(fetched(5))
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1, entry(world)

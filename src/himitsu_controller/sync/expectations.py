@@ -45,6 +45,7 @@ class Memory:
     salt: str | None = field(default=None, repr=False)
     version: int | None = None  # the config version the target holds (its annotation)
     changed_at: str | None = None  # its himitsu.io/data-changed-at
+    data_source: str | None = None  # its himitsu.io/source-hash
     # A first sync's write: "created" the target, or "changed" one that existed (rollout).
     first_write: str | None = None
     # A key derived from the token: an older version's record is checked with it (rollout).

@@ -343,8 +343,14 @@ class HimitsuSecretReconciler:
     ) -> bool:
         salt = (self._salt(ctx, spec, mem, target) or token_hex(16)) \
             if spec.rollout.targets else None
-        changed_at = rollout.changed_stamp(salt, render.data_hash(rendered), self._clock()) \
+        # A first sync into a Secret that exists says so in the stamp: the restart it
+        # owes (its pods read that Secret) must survive a lost status write.
+        first = ctx.status.config_version is None
+        changed_at = rollout.changed_stamp(
+            salt, render.data_hash(rendered), self._clock(),
+            first_of=ctx.owner.uid if first and target is not None else None) \
             if salt else None
+        marked = first and target is not None and rollout.first_change(target, ctx.owner.uid)
         try:
             done = writes.write(self._kube, owner=ctx.owner, spec=spec, target=target,
                                 rendered=rendered, version=version, salt=salt,
@@ -367,9 +373,11 @@ class HimitsuSecretReconciler:
             raise _Failure("WriteFailure", str(exc)) from None
         mem.races = 0
         rollout.note_held(mem, done.secret, salt)
-        if done.data_changed and ctx.status.config_version is None:  # a first sync
+        if done.data_changed and first:
             mem.first_write = "created" if done.created else \
                 mem.first_write if done.retyped_only else "changed"
+        elif marked:  # a first sync whose write an earlier process made, status lost
+            mem.first_write = "changed"
         mem.expect(resource_version(done.secret))
         if done.wrote:
             mem.read_live = False

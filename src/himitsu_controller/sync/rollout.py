@@ -16,7 +16,7 @@ before the operator stopped (or lost the Lease) is still owed by the next proces
 because the record only moves once the restart (or the finding that none is needed) is
 done. A target entry seen for the first time takes the data as it is as what its pods
 have, unless a first sync changed a Secret that existed (a Merge target's: its pods read
-it before) or ``rolloutRestartOnCreate`` makes a first sync owe a restart.
+it before; its data-changed-at says so, ``first_change``) or ``rolloutRestartOnCreate``.
 
 What the target holds is the digest its ``himitsu.io/data-hash`` records: as this process
 last wrote or confirmed it, else (a fetch failed after an operator restart) as the cached
@@ -34,8 +34,8 @@ whatever is there, and it trusts only the salt it remembers or one the status's 
 ``saltId`` vouches for (``trusted_salt``). The salt survives token rotations and operator
 restarts; one lost with its target (deleted while no process remembered it) or replaced
 by someone else gives way to a new one, and the record then decides by the config
-version the pods were started with (``dataVersion``): owed exactly when the target's
-differs. Records an older version wrote (MACs keyed by the token, ``keyId``) are checked
+version and source stamp the pods were started with (``dataVersion``, ``dataSource``):
+owed exactly when the target's differ. Records an older version wrote (MACs keyed by the token, ``keyId``) are checked
 with the token and carried over once the target has a salt, deciding exactly as that
 version would; a restart owed there counts as owed since its ``pendingSince``.
 """
@@ -62,7 +62,7 @@ from himitsu_controller.sync.restarter import Claim, Outcome, Restarter, unrefer
 from himitsu_controller.sync.status import StatusWriter, bounded
 from himitsu_controller.sync.wakes import Context
 
-__all__ = ["Rollouts", "legacy_key", "note_held", "pending", "trusted_salt"]
+__all__ = ["Rollouts", "first_change", "legacy_key", "note_held", "pending", "trusted_salt"]
 
 log = structlog.get_logger(__name__)
 _PENDING = ("pendingSince", "pendingMac", "changedAt")
@@ -70,13 +70,15 @@ _CHANGED = "himitsu-data-changed-at\x00"
 
 
 class _Held(NamedTuple):
-    """What the target holds: its data's digest, the salt, its config version, and its
-    ``himitsu.io/data-changed-at``."""
+    """What the target holds: its data's digest, the salt, its config version, its
+    ``himitsu.io/data-changed-at`` and its ``himitsu.io/source-hash`` (the spec fields
+    that shape the bytes besides the data: a hash of spec fields, no value)."""
 
     digest: str
     salt: str
     version: int | None
     changed_at: str | None
+    source: str | None = None
 
 
 def _mac(salt: str, digest: str) -> str:
@@ -138,22 +140,43 @@ def note_held(mem: Memory, target: Mapping[str, Any] | None, salt: str | None) -
     mem.digest = ann.get(api.ANN_DATA_HASH, mem.digest)
     mem.version = _version(ann) if api.ANN_CONFIG_VERSION in ann else mem.version
     mem.changed_at = ann.get(api.ANN_DATA_CHANGED_AT) if ann else mem.changed_at
+    mem.data_source = ann.get(api.ANN_SOURCE, mem.data_source)
     mem.salt = salt or mem.salt
 
 
-def changed_stamp(salt: str, digest: str, epoch: float) -> str:
-    """``himitsu.io/data-changed-at``: the target holds the data ``digest`` since ``epoch``."""
+def changed_stamp(salt: str, digest: str, epoch: float, *, first_of: str | None = None) -> str:
+    """``himitsu.io/data-changed-at``: the target holds the data ``digest`` since ``epoch``;
+    ``first_of``: put there by the first sync of the HimitsuSecret of that uid, into a
+    Secret that existed (its pods read it before: a restart is owed, ``first_change``)."""
     when = _stamp(epoch)
-    return f"{when};{_mac(salt, _CHANGED + digest + chr(0) + when)[:16]}"
+    return f"{when};{_stamp_mac(salt, digest, when, first_of)}"
 
 
-def _changed_at(value: str | None, salt: str, digest: str) -> float | None:
+def _stamp_mac(salt: str, digest: str, when: str, first_of: str | None) -> str:
+    first = f"\x00first\x00{first_of}" if first_of is not None else ""
+    return _mac(salt, _CHANGED + digest + chr(0) + when + first)[:16]
+
+
+def _changed_at(value: str | None, salt: str, digest: str, uid: str) -> float | None:
     """The time a ``changed_stamp`` of this data under this salt names, else None."""
     when, _, mac = (value or "").partition(";")
-    if not mac or not hmac.compare_digest(
-            mac, _mac(salt, _CHANGED + digest + chr(0) + when)[:16]):
+    if not mac or not any(hmac.compare_digest(mac, _stamp_mac(salt, digest, when, first))
+                          for first in (None, uid)):
         return None
     return _epoch(when)
+
+
+def first_change(target: Mapping[str, Any] | None, uid: str) -> bool:
+    """The data ``target`` holds was put there by the first sync of the HimitsuSecret
+    ``uid`` into a Secret that existed (its ``changed_stamp``, under the target's own
+    salt, says so), as the status may not record (the process stopped before its status
+    write): the restart that first sync owes is still owed. At worst (a stamp forged by
+    whoever may patch the Secret) one restart of workloads that read it."""
+    ann = target_rules.annotations_of(target)
+    salt, digest = ann.get(api.ANN_ROLLOUT_SALT), ann.get(api.ANN_DATA_HASH)
+    when, _, mac = ann.get(api.ANN_DATA_CHANGED_AT, "").partition(";")
+    return bool(salt and digest and mac and uid) and hmac.compare_digest(
+        mac, _stamp_mac(str(salt), str(digest), when, uid))
 
 
 def _version(ann: Mapping[str, str]) -> int | None:
@@ -174,22 +197,25 @@ def _migrated(entry: dict[str, Any], key: bytes | None, digest: str, mac: str) -
     return True
 
 
-def _changed(held: _Held, now: float, *, legacy: str | None) -> float:
+def _changed(held: _Held, now: float, *, legacy: str | None, uid: str) -> float:
     """Since when the target holds its data: as the write that put it there stamped it
     (before a crash lost the status write, say); for a claim an older version opened (no
     changedAt: ``legacy``, its pendingSince), since that claim; else since now."""
-    when = _changed_at(held.changed_at, held.salt, held.digest)
+    when = _changed_at(held.changed_at, held.salt, held.digest, uid)
     if when is None and legacy:
         when = _epoch(legacy)
     return min(when, now) if when is not None else now
 
 
-def _settled(entry: dict[str, Any], version: int | None) -> None:
-    """The pods have the data the target holds (at config ``version``): nothing owed."""
+def _settled(entry: dict[str, Any], held: _Held) -> None:
+    """The pods have the data the target holds (at its config version, rendered from its
+    source stamp): nothing owed."""
     for name in _PENDING:
         entry.pop(name, None)
-    if version is not None:
-        entry["dataVersion"] = version
+    if held.version is not None:
+        entry["dataVersion"] = held.version
+    if held.source:
+        entry["dataSource"] = held.source
 
 
 class Rollouts:
@@ -250,7 +276,7 @@ class Rollouts:
         have recorded it yet), with our salt if the status vouches for the target's,
         else a new one (stamped by the next write)."""
         if mem.digest is not None and mem.salt is not None:
-            return _Held(mem.digest, mem.salt, mem.version, mem.changed_at)
+            return _Held(mem.digest, mem.salt, mem.version, mem.changed_at, mem.data_source)
         target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
         if not target_rules.holds_own_data(target, owner=ctx.owner, spec=spec):
             return None
@@ -259,7 +285,8 @@ class Rollouts:
         if not digest:
             return None
         mem.salt = trusted_salt(mem, target, entries) or token_hex(16)
-        return _Held(digest, mem.salt, _version(ann), ann.get(api.ANN_DATA_CHANGED_AT))
+        return _Held(digest, mem.salt, _version(ann), ann.get(api.ANN_DATA_CHANGED_AT),
+                     ann.get(api.ANN_SOURCE))
 
     def _settle(self, ctx: Context, spec: api.Spec, target: api.RolloutTarget, *,
                 entry: dict[str, Any], mem: Memory, held: _Held) -> float | None:
@@ -286,10 +313,13 @@ class Rollouts:
         elif "saltId" in entry and not _vouches(entry["saltId"], salt):
             # The salt the record was keyed with is lost (the target deleted while no
             # process kept it) or was replaced by someone else: by the config version
-            # the pods were started with, a restart is owed unless it is the target's.
-            pods = entry.get("dataVersion")
+            # the pods were started with and the source stamp it was rendered from
+            # (template, type, environment: new bytes at one version), a restart is
+            # owed unless both are the target's.
+            pods, made = entry.get("dataVersion"), entry.get("dataSource")
             if isinstance(pods, int) and version is not None:
-                entry["dataMac"] = mac if pods == version else ""
+                entry["dataMac"] = mac if pods == version and (
+                    not isinstance(made, str) or made == held.source) else ""
             else:  # an older record: owed only if it was owed already
                 entry["dataMac"] = "" if entry.get("pendingSince") else mac
         entry["saltId"] = salt_id
@@ -298,12 +328,13 @@ class Rollouts:
         if entry["dataMac"] == mac:
             if entry.pop("pendingSince", None) is not None:
                 self.restarter.withdraw(namespace, target.kind, target.name, ctx.key)
-            _settled(entry, version)
+            _settled(entry, held)
             return None
         entry.setdefault("pendingSince", _stamp(now))
         if entry.get("pendingMac") != mac:  # the target holds this data since now, or before
             entry["pendingMac"], entry["changedAt"] = mac, _stamp(_changed(
-                held, now, legacy=entry["pendingSince"] if legacy else None))
+                held, now, legacy=entry["pendingSince"] if legacy else None,
+                uid=ctx.owner.uid))
         for _ in range(2):  # once more when the data changed again after a restart
             outcome = self.restarter.claim(namespace, target.kind, target.name, Claim(
                 holder=ctx.key, secret=spec.target.name, digest=mac,
@@ -315,7 +346,7 @@ class Rollouts:
                 return outcome.at
             self._done(entry, outcome)
             if entry["dataMac"] == mac:
-                _settled(entry, version)
+                _settled(entry, held)
                 return None
             entry["pendingSince"] = _stamp(now)
         return now
