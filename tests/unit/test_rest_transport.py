@@ -379,3 +379,72 @@ def test_tls_from_a_kubeconfig_with_embedded_credentials(tls_server: TlsApiServe
     answer = RestClient(api_client).get(WIDGETS, "a", namespace="ns")
     assert answer == {"client": "himitsu-client", "auth": None}
     FakeApiServer.close_client(api_client)
+
+
+# A header value http.client refuses; watches and the pool; redirects.
+
+def test_an_invalid_header_value_is_a_transport_error_without_the_token(
+        server: FakeApiServer) -> None:
+    """http.client's ValueError quotes the header value: a credential with a line break
+    (from a source that did not trim it) must fail as a TransportError naming no token."""
+    client = new_api_client(ClientConfig(server.url,
+                                         credentials=bearer("secret-tok-0123456789\n")),
+                            retries=0)
+    server.put("a")
+    with pytest.raises(TransportError, match="a request header is invalid") as info:
+        RestClient(client, max_retries=0).get(WIDGETS, "a", namespace="ns", timeout=5.0)
+    assert "secret-tok" not in repr(info.value) + str(info.value)
+    assert server.requests == []
+
+
+def small_client(url: str, pool_maxsize: int) -> HttpClient:
+    return new_api_client(ClientConfig(url, credentials=bearer(TOKEN)),
+                          pool_maxsize=pool_maxsize, retries=0)
+
+
+def test_a_watch_closed_early_leaves_a_usable_pool(server: FakeApiServer) -> None:
+    """One connection, no urllib3 retry: a half-read watch connection put back in the
+    pool would make the next request fail (or read the watch's bytes)."""
+    client = small_client(server.url, 1)
+    rest = RestClient(client)
+    server.put("a")
+    for _ in range(3):
+        with rest.watch(WIDGETS.path("ns")) as stream:
+            session = server.next_watch()
+            session.send({"type": "ADDED", "object": {"metadata": {"name": "x"}}})
+            session.send({"type": "ADDED", "object": {"metadata": {"name": "y"}}})
+            assert next(stream)["type"] == "ADDED"
+        assert rest.get(WIDGETS, "a", namespace="ns", timeout=5.0)["metadata"]["name"] == "a"
+    client.close()
+
+
+def test_more_watches_than_the_pool_holds_all_stream_and_requests_still_go(
+        server: FakeApiServer) -> None:
+    client = small_client(server.url, 2)
+    rest = RestClient(client)
+    server.put("a")
+    streams = [rest.watch(WIDGETS.path("ns")) for _ in range(4)]
+    sessions = [server.next_watch() for _ in streams]
+    for session in sessions:
+        session.send({"type": "ADDED", "object": {"metadata": {"name": "x"}}})
+    assert all(next(s)["type"] == "ADDED" for s in streams)
+    assert rest.get(WIDGETS, "a", namespace="ns", timeout=5.0)["metadata"]["name"] == "a"
+    for stream, session in zip(streams, sessions, strict=True):
+        session.close()
+        stream.close()
+    client.close()
+
+
+def test_a_redirect_to_another_host_is_not_followed(server: FakeApiServer) -> None:
+    other = FakeApiServer().start()
+    try:
+        other.put("a")
+        server.canned.append(Canned(302, None, {"Location": other.url + WIDGETS.path("ns")
+                                                + "/a"}))
+        client = small_client(server.url, 1)
+        with pytest.raises((ApiError, TransportError)):
+            RestClient(client, max_retries=0).get(WIDGETS, "a", namespace="ns", timeout=5.0)
+        assert other.requests == []
+        client.close()
+    finally:
+        other.stop()

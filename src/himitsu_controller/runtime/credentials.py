@@ -84,12 +84,20 @@ def bearer(token: str) -> StaticCredentials:
     return StaticCredentials(Auth(f"Bearer {token}"))
 
 
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a character no HTTP header value may (a line break...)."""
+    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
+
+
 def read_token(path: str) -> str:
-    """The token in ``path`` (whitespace stripped); OSError or ValueError if none."""
+    """The token in ``path`` (surrounding whitespace stripped); OSError or ValueError
+    (naming the path only) if there is none or it holds a control character."""
     with open(path, encoding="utf-8") as file:
         token = file.read().strip()
     if not token:
         raise ValueError(f"token file {path} is empty")
+    if has_control_character(token):
+        raise ValueError(f"token file {path} contains a control character")
     return token
 
 

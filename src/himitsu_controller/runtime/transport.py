@@ -211,6 +211,12 @@ class LeanTransport:
             cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else None
             raise TransportError(f"{method} {path}: {describe_exception(cause or exc)}",
                                  ) from None
+        except ValueError:
+            # http.client refuses a header value with a line break (a token read with
+            # one) or a character beyond latin-1; its message quotes the header value,
+            # i.e. the token: never pass it on.
+            raise TransportError(f"{method} {path}: a request header is invalid (a control "
+                                 "character in the credentials?)") from None
         if response.status == 401:
             # The credentials may have rotated under us: re-read them now.
             self._client.credentials.refused(route.auth)
