@@ -516,3 +516,91 @@ def test_a_kubeconfig_of_the_wrong_shape_is_a_config_error(tmp_path: Path) -> No
                     "client.authentication.k8s.io/v1, command: 'true', env: 3}}}]\n")
     with pytest.raises(ConfigError, match="malformed kubeconfig"):
         load_client_config(str(path))
+
+
+# Values of the wrong type or with a line break.
+
+@pytest.mark.parametrize("value", ["false", "False", "no", 0, "true", 1])
+def test_insecure_skip_tls_verify_must_be_a_boolean(tmp_path: Path, value: Any) -> None:
+    """client-go's field is a bool: the *string* "false" must never turn verification off."""
+    path = write_config(tmp_path / "c", cluster={"server": "https://10.1.2.3:6443",
+                                                 "insecure-skip-tls-verify": value})
+    with pytest.raises(ConfigError, match="insecure-skip-tls-verify is not a boolean"):
+        load_client_config(path)
+    for flag, verify in ((False, True), (True, False)):
+        path = write_config(tmp_path / "c", cluster={"server": "https://10.1.2.3:6443",
+                                                     "insecure-skip-tls-verify": flag})
+        assert load_client_config(path).verify is verify
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("provideClusterInfo", "false", "provideClusterInfo is not a boolean"),
+    ("interactiveMode", "never", "interactiveMode is not one of"),
+])
+def test_exec_fields_of_the_wrong_type_are_config_errors(tmp_path: Path, field: str,
+                                                         value: str, why: str) -> None:
+    plugin(tmp_path)
+    user = exec_user()
+    user["exec"][field] = value
+    with pytest.raises(ConfigError, match=why):
+        load_client_config(write_config(tmp_path / "config", user=user))
+
+
+def test_a_token_with_a_line_break_around_it_is_trimmed(tmp_path: Path,
+                                                         server: FakeApiServer) -> None:
+    """``token: |`` keeps a trailing newline; kubectl trims it, and a header cannot hold it
+    (http.client's error would quote the token)."""
+    path = write_config(tmp_path / "c", server=server.url,
+                        user={"token": f"{SECRETISH}\n"})
+    server.tokens = {SECRETISH}
+    server.put("a")
+    RestClient(load_api_client(path, retries=0), max_retries=0).get(WIDGETS, "a",
+                                                                     namespace="ns")
+    assert server.requests[-1].headers["authorization"] == f"Bearer {SECRETISH}"
+
+
+def test_a_token_with_a_control_character_inside_is_a_config_error(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "c", user={"token": f"{SECRETISH}\nX-Injected: 1"})
+    with pytest.raises(ConfigError, match=r"user\.token contains a control character") as info:
+        load_client_config(path)
+    assert "hunter2" not in str(info.value)
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{SECRETISH}\r\nX-Injected: 1\n")
+    with pytest.raises(ValueError, match="contains a control character") as error:
+        TokenFile(str(token_file))
+    assert "hunter2" not in str(error.value)
+
+
+def test_no_secret_in_the_repr_of_the_configuration(tmp_path: Path) -> None:
+    """A proxy password or an exec plugin's env value or argument must not show in a repr
+    (a traceback with locals, a debug log of the configuration)."""
+    plugin(tmp_path)
+    user = exec_user(CLIENT_SECRET="env-secret-42")
+    user["exec"]["args"] = ["--secret", "arg-secret-42"]
+    path = write_config(tmp_path / "c", cluster={
+        "server": "https://10.1.2.3:6443", "proxy-url": "http://u:proxy-pass-42@proxy.test:1"},
+        user=user)
+    config = load_client_config(path)
+    text = repr(config) + repr(config.credentials.spec)  # type: ignore[attr-defined]
+    for secret in ("proxy-pass-42", "arg-secret-42", "env-secret-42"):
+        assert secret not in text
+
+
+def test_provide_cluster_info_carries_the_ca_and_the_proxy_in_use(
+        tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    """client-go's ConfigToExecCluster: certificate-authority-data from the CA data or
+    file, proxy-url the proxy in use (the environment's too). Plugins (pinniped,
+    kubelogin) reach the cluster's own identity endpoint with them."""
+    plugin(tmp_path)
+    (tmp_path / "ca.crt").write_bytes(pki.ca.read_bytes())
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
+    user = exec_user()
+    user["exec"]["provideClusterInfo"] = True
+    path = write_config(tmp_path / "config", cluster={
+        "server": "https://10.1.2.3:6443", "certificate-authority": "ca.crt",
+        "tls-server-name": "kubernetes.default.svc", "insecure-skip-tls-verify": False},
+        user=user)
+    spec = load_client_config(path).credentials.spec  # type: ignore[attr-defined]
+    assert json.loads(spec.exec_info())["spec"]["cluster"] == {
+        "server": "https://10.1.2.3:6443", "tls-server-name": "kubernetes.default.svc",
+        "certificate-authority-data": data(pki.ca), "proxy-url": "http://proxy.test:3128"}

@@ -8,9 +8,11 @@ against that file's directory.
 
 Of a kubeconfig, what real clusters use: the current context's cluster (``server``,
 ``certificate-authority(-data)``, ``insecure-skip-tls-verify``, ``tls-server-name``,
-``proxy-url``; without proxy-url, HTTPS_PROXY/HTTP_PROXY unless NO_PROXY matches) and
-user (``token``, ``tokenFile`` re-read like client-go, which takes precedence over
-``token``, ``client-certificate(-data)``/``client-key(-data)``, ``exec`` plugins). A
+``proxy-url``; without proxy-url, HTTPS_PROXY/HTTP_PROXY unless NO_PROXY matches, see
+``proxyenv.py``) and user (``token``, trimmed, ``tokenFile`` re-read like client-go,
+which takes precedence over ``token``, ``client-certificate(-data)``/``client-key(-data)``,
+``exec`` plugins). Boolean fields must be YAML booleans (client-go's are bools: the
+string "false" is an error, never true). A
 user's legacy ``auth-provider`` or ``username``/``password`` is handed to the
 ``kubernetes`` package's loader, imported only then (``legacyauth.py``), and logged.
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import os
 import shutil
 from collections.abc import Mapping
@@ -36,11 +37,13 @@ import structlog
 import yaml
 
 from .apierrors import describe_exception
-from .credentials import Auth, Credentials, StaticCredentials, TokenFile
+from .credentials import Auth, Credentials, StaticCredentials, TokenFile, has_control_character
 from .execcredential import API_VERSIONS, ExecCredentials, ExecSpec
 from .httpclient import ClientConfig, ConfigError, HttpClient
+from .proxyenv import environment_proxy
 
-__all__ = ["ConfigError", "load_api_client", "load_client_config", "new_api_client"]
+__all__ = ["ConfigError", "environment_proxy", "load_api_client", "load_client_config",
+           "new_api_client"]
 
 log = structlog.get_logger(__name__)
 
@@ -189,18 +192,19 @@ def _client_config(cluster: _Entry, user: _Entry | None, source: str,
         host=server,
         ca_data=_data(c, "certificate-authority-data"),
         ca_file=_path(c, "certificate-authority", cluster.base),
-        verify=not c.get("insecure-skip-tls-verify", False),
+        verify=not _bool(c, "insecure-skip-tls-verify"),
         tls_server_name=str(c["tls-server-name"]) if c.get("tls-server-name") else None,
         cert_data=cert_data, key_data=key_data,
         cert_file=None if cert_data else _path(u, "client-certificate", ubase),
         key_file=None if key_data else _path(u, "client-key", ubase),
         proxy=proxy,
-        credentials=_credentials(u, ubase, c, server=server, named=named, context=context),
+        credentials=_credentials(u, ubase, cluster, server=server, proxy=proxy, named=named,
+                                 context=context),
         source=source)
 
 
-def _credentials(user: Mapping[str, Any], base: str, cluster: Mapping[str, Any], *,
-                 server: str, named: dict[str, dict[str, _Entry]], context: str,
+def _credentials(user: Mapping[str, Any], base: str, cluster: _Entry, *, server: str,
+                 proxy: str | None, named: dict[str, dict[str, _Entry]], context: str,
                  ) -> Credentials:
     if user.get("auth-provider"):
         return _legacy(named, context, "auth-provider")
@@ -209,21 +213,23 @@ def _credentials(user: Mapping[str, Any], base: str, cluster: Mapping[str, Any],
         try:
             return TokenFile(token_file)
         except (OSError, ValueError, UnicodeDecodeError) as exc:
-            if not user.get("token"):
+            if not _token(user):
                 raise ConfigError(f"tokenFile {token_file}: {type(exc).__name__}") from None
             log.warning("cannot read the kubeconfig's tokenFile, using its token",
                         path=token_file, error=type(exc).__name__)
-    if user.get("token"):
-        return StaticCredentials(Auth(f"Bearer {user['token']}"))
+    token = _token(user)
+    if token:
+        return StaticCredentials(Auth(f"Bearer {token}"))
     has_cert = user.get("client-certificate") or user.get("client-certificate-data")
     if user.get("exec") and not has_cert:  # static credentials win over a plugin (client-go)
-        return ExecCredentials(_exec_spec(user["exec"], base, cluster, server))
+        return ExecCredentials(_exec_spec(user["exec"], base, cluster, server, proxy))
     if user.get("username") or user.get("password"):
         return _legacy(named, context, "username/password")
     return StaticCredentials(Auth())
 
 
-def _exec_spec(stanza: Any, base: str, cluster: Mapping[str, Any], server: str) -> ExecSpec:
+def _exec_spec(stanza: Any, base: str, cluster: _Entry, server: str, proxy: str | None,
+               ) -> ExecSpec:
     if not isinstance(stanza, dict):
         raise ConfigError("user.exec is not a mapping")
     api_version = str(stanza.get("apiVersion", ""))
@@ -239,27 +245,45 @@ def _exec_spec(stanza: Any, base: str, cluster: Mapping[str, Any], server: str) 
         hint = str(stanza.get("installHint") or "").strip()
         raise ConfigError(f"exec plugin command {command!r} not found"
                           + (f" ({' '.join(hint.split())[:200]})" if hint else ""))
-    if stanza.get("interactiveMode") == "Always":
+    mode = stanza.get("interactiveMode")
+    if mode not in (None, "Never", "IfAvailable", "Always"):
+        raise ConfigError("exec plugin interactiveMode is not one of Never, IfAvailable, "
+                          "Always")
+    if mode == "Always":
         raise ConfigError("exec plugin needs interactiveMode Always: the operator has no "
                           "terminal")
     env = tuple((str(e["name"]), str(e.get("value", ""))) for e in stanza.get("env") or []
                 if isinstance(e, dict) and e.get("name"))
-    info = None
-    if stanza.get("provideClusterInfo"):
-        info = {"server": server}
-        for key, name in (("tls-server-name", "tls-server-name"),
-                          ("insecure-skip-tls-verify", "insecure-skip-tls-verify"),
-                          ("certificate-authority-data", "certificate-authority-data"),
-                          ("proxy-url", "proxy-url")):
-            if cluster.get(key):
-                info[name] = cluster[key]
-        extension = next((e.get("extension") for e in cluster.get("extensions") or []
-                          if isinstance(e, dict)
-                          and e.get("name") == "client.authentication.k8s.io/exec"), None)
-        if extension is not None:
-            info["config"] = extension
+    info = (_cluster_info(cluster, server, proxy)
+            if _bool(stanza, "provideClusterInfo", "user.exec") else None)
     return ExecSpec(api_version, command, tuple(str(a) for a in stanza.get("args") or []),
                     env, info)
+
+
+def _cluster_info(cluster: _Entry, server: str, proxy: str | None) -> dict[str, Any]:
+    """The ExecCredential's spec.cluster, as client-go's ConfigToExecCluster fills it:
+    the CA as data (read from certificate-authority if need be), the proxy in use."""
+    c = cluster.value
+    info: dict[str, Any] = {"server": server}
+    if c.get("tls-server-name"):
+        info["tls-server-name"] = str(c["tls-server-name"])
+    if _bool(c, "insecure-skip-tls-verify"):
+        info["insecure-skip-tls-verify"] = True
+    ca = _data(c, "certificate-authority-data")
+    ca_file = _path(c, "certificate-authority", cluster.base)
+    if ca is None and ca_file is not None:
+        with open(ca_file, "rb") as file:  # OSError: a ConfigError naming the file
+            ca = file.read()
+    if ca is not None:
+        info["certificate-authority-data"] = base64.b64encode(ca).decode("ascii")
+    if proxy:
+        info["proxy-url"] = proxy
+    extension = next((e.get("extension") for e in c.get("extensions") or []
+                      if isinstance(e, dict)
+                      and e.get("name") == "client.authentication.k8s.io/exec"), None)
+    if extension is not None:
+        info["config"] = extension
+    return info
 
 
 def _legacy(named: dict[str, dict[str, _Entry]], context: str, what: str) -> Credentials:
@@ -276,6 +300,24 @@ def _legacy(named: dict[str, dict[str, _Entry]], context: str, what: str) -> Cre
         raise ConfigError(f"{what}: {describe_exception(exc)}") from None
 
 
+def _bool(stanza: Mapping[str, Any], key: str, where: str = "cluster") -> bool:
+    """A boolean field: only YAML true/false (client-go's is a bool; the string "false"
+    must not turn anything on)."""
+    value = stanza.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key} is not a boolean (true or false)")
+    return value
+
+
+def _token(user: Mapping[str, Any]) -> str:
+    """user.token without surrounding whitespace (``token: |`` keeps a newline, as
+    kubectl trims it); ConfigError if it holds a control character (an invalid header)."""
+    token = str(user.get("token") or "").strip()
+    if has_control_character(token):
+        raise ConfigError("user.token contains a control character")
+    return token
+
+
 def _data(stanza: Mapping[str, Any], key: str) -> bytes | None:
     value = stanza.get(key)
     if not value:
@@ -289,32 +331,3 @@ def _data(stanza: Mapping[str, Any], key: str) -> bytes | None:
 def _path(stanza: Mapping[str, Any], key: str, base: str) -> str | None:
     value = stanza.get(key)
     return os.path.join(base, str(value)) if value else None
-
-
-def environment_proxy(server: str) -> str | None:
-    """The proxy for ``server`` from the environment, as Go's ProxyFromEnvironment
-    (client-go's) reads it: HTTPS_PROXY or HTTP_PROXY by scheme, unless NO_PROXY matches."""
-    scheme, _, rest = server.partition("://")
-    names = ("HTTPS_PROXY", "https_proxy") if scheme == "https" else ("HTTP_PROXY",
-                                                                       "http_proxy")
-    proxy = next((os.environ[n] for n in names if os.environ.get(n)), None)
-    if proxy is None:
-        return None
-    no_proxy = os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or ""
-    hostport = rest.split("/", 1)[0].lower()
-    host = hostport.rsplit(":", 1)[0] if not hostport.endswith("]") else hostport
-    host = host.strip("[]")
-    for entry in (e.strip().lower() for e in no_proxy.split(",")):
-        if not entry:
-            continue
-        if entry == "*":
-            return None
-        try:
-            if ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False):
-                return None
-        except ValueError:
-            pass
-        bare = entry.lstrip(".")
-        if host == bare or host.endswith("." + bare) or hostport == bare:
-            return None
-    return proxy if "://" in proxy else f"http://{proxy}"
