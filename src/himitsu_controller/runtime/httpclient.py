@@ -61,7 +61,7 @@ class ClientConfig:
     key_file: str | None = None
     cert_data: bytes | None = field(default=None, repr=False)  # PEM
     key_data: bytes | None = field(default=None, repr=False)  # PEM
-    proxy: str | None = None  # http(s)://[user:password@]host:port
+    proxy: str | None = field(default=None, repr=False)  # http(s)://[user:password@]host:port
     source: str = ""  # where it was loaded from, for messages
 
 
