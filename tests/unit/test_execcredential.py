@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +174,20 @@ def test_the_bounded_runner_reports_output_exit_code_and_timeout(tmp_path: Path)
     done = execcredential.run_bounded([command], env={}, timeout=30.0)
     assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
     slow = tmp_path / "slow"
-    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {tmp_path}/child\nwait\n")
     slow.chmod(0o755)
     with pytest.raises(subprocess.TimeoutExpired):
-        execcredential.run_bounded([str(slow)], env={}, timeout=0.2)
+        execcredential.run_bounded([str(slow)], env={}, timeout=0.5)
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 10.0  # the plugin's children are killed with it
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not alive(child)
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status  # a zombie is dead, waiting for its reaper

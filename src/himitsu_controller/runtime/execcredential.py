@@ -23,9 +23,11 @@ is never quoted, since it holds the credential.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -105,21 +107,28 @@ def run_bounded(argv: Sequence[str], *, env: Mapping[str, str], timeout: float,
                 limit: int = MAX_STDOUT, **_: Any) -> subprocess.CompletedProcess[bytes]:
     """``subprocess.run(argv, capture_output=True)`` that keeps at most ``limit`` + 1 bytes
     of stdout (the process is killed at that) and the first 64 KiB of stderr;
-    ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the process is killed)."""
+    ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the process is killed). The
+    plugin runs in a session of its own: killing it kills what it started too."""
     # The kubeconfig's own command (as kubectl runs it), without a shell.
     with subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,  # noqa: S603
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as process:  # killed with its children
         assert process.stdout is not None and process.stderr is not None
         stderr = bytearray()
         timed_out = threading.Event()
 
         def drain(stream: Any = process.stderr) -> None:
-            while chunk := stream.read1(65536):
-                stderr.extend(chunk[:max(0, _STDERR_KEEP - len(stderr))])
+            with contextlib.suppress(OSError, ValueError):  # closed under us: done
+                while chunk := stream.read1(65536):
+                    stderr.extend(chunk[:max(0, _STDERR_KEEP - len(stderr))])
+
+        def kill() -> None:
+            with contextlib.suppress(OSError):  # already gone
+                os.killpg(process.pid, signal.SIGKILL)
 
         def expire() -> None:
             timed_out.set()
-            process.kill()
+            kill()
 
         reader = threading.Thread(target=drain, name="exec-plugin-stderr", daemon=True)
         reader.start()
@@ -129,7 +138,7 @@ def run_bounded(argv: Sequence[str], *, env: Mapping[str, str], timeout: float,
         try:
             stdout = process.stdout.read(limit + 1)  # until EOF, or one byte too many
             if len(stdout) > limit:
-                process.kill()
+                kill()
             code = process.wait()
         finally:
             timer.cancel()
