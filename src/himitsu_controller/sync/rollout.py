@@ -35,9 +35,10 @@ whatever is there, and it trusts only the salt it remembers or one the status's 
 restarts; one lost with its target (deleted while no process remembered it) or replaced
 by someone else gives way to a new one, and the record then decides by the config
 version and source stamp the pods were started with (``dataVersion``, ``dataSource``):
-owed exactly when the target's differ. Records an older version wrote (MACs keyed by the token, ``keyId``) are checked
-with the token and carried over once the target has a salt, deciding exactly as that
-version would; a restart owed there counts as owed since its ``pendingSince``.
+owed exactly when the target's differ. Records an older version wrote (MACs keyed by
+the token, ``keyId``) are checked with the token and carried over once the target has a
+salt, deciding exactly as that version would; a restart owed there counts as owed since
+its ``pendingSince``.
 """
 
 from __future__ import annotations
