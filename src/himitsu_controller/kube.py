@@ -314,11 +314,17 @@ class KubeClient:
                 raise Conflict(f"Secret {name!r} was replaced", status=409) from None
             raise _kube_error(exc, f"deleting Secret {name!r}") from None
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
+                     uid: str = "") -> None:
+        """``uid``: only that object's status (the apiserver answers 409 to a patch whose
+        metadata.uid is another's: a namesake created since the informer saw it)."""
+        body: dict[str, Any] = {"status": status}
+        if uid:
+            body["metadata"] = {"uid": uid}
         try:
             self._request(
                 "PATCH", HIMITSU_SECRETS.path(namespace, name, "status"),
-                body={"status": status}, content_type="application/merge-patch+json",
+                body=body, content_type="application/merge-patch+json",
             )
         except ApiError as exc:
             raise _kube_error(exc, f"updating status of HimitsuSecret {name!r}") from None

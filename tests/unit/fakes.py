@@ -254,10 +254,14 @@ class FakeKube:
         assert self.secrets[(namespace, name)]["metadata"].get("deletionTimestamp")
         del self.secrets[(namespace, name)]
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
+                     uid: str = "") -> None:
         self._maybe_fail("patch_status")
-        self.status_patches.append((namespace, name, copy.deepcopy(status)))
         obj = self.himitsu_secrets[(namespace, name)]
+        if uid and uid != obj["metadata"].get("uid"):  # as the apiserver: another object
+            raise Conflict("Precondition failed: UID in precondition", status=409,
+                           reason="Conflict")
+        self.status_patches.append((namespace, name, copy.deepcopy(status)))
         obj["status"] = merge_patch(obj.get("status") or {}, status)
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
 

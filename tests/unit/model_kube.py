@@ -208,6 +208,11 @@ class ApiServer:
         current = self.objects.get((HSEC, namespace, name))
         if current is None:
             raise status_error(404, "NotFound", f'{api.PLURAL}.{api.GROUP} "{name}" not found')
+        uid = (patch.get("metadata") or {}).get("uid")
+        if uid and uid != current["metadata"]["uid"]:
+            raise status_error(409, "Conflict", (
+                f"Precondition failed: UID in precondition: {current['metadata']['uid']}, "
+                f"UID in object meta: {uid}"))
         obj = copy.deepcopy(current)
         obj["status"] = merge_patch(current.get("status") or {}, patch.get("status") or {})
         if obj == current:

@@ -85,9 +85,10 @@ class RecordingKube(FakeKube):
         self._note("delete_secret", namespace)
         super().delete_secret(namespace, name, uid=uid)
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
+                     uid: str = "") -> None:
         self._note("patch_status", namespace)
-        super().patch_status(namespace, name, status)
+        super().patch_status(namespace, name, status, uid=uid)
 
     def record_event(self, obj: Mapping[str, Any], *, type: str, reason: str,
                      message: str) -> None:

@@ -97,9 +97,10 @@ class SimKube(FakeKube):
         super().__init__()
         self._sim = sim
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
+                     uid: str = "") -> None:
         self._sim.spend()
-        super().patch_status(namespace, name, status)
+        super().patch_status(namespace, name, status, uid=uid)
 
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         self._sim.spend()

@@ -263,9 +263,9 @@ def test_the_next_poll_counts_from_the_answer_not_from_the_end_of_the_reconcile(
     world.sync(5)
     patch = world.kube.patch_status
 
-    def slow_patch(namespace: str, name: str, status: dict[str, Any]) -> None:
+    def slow_patch(namespace: str, name: str, status: dict[str, Any], *, uid: str = "") -> None:
         world.clock.advance(5.0)
-        patch(namespace, name, status)
+        patch(namespace, name, status, uid=uid)
 
     monkeypatch.setattr(world.kube, "patch_status", slow_patch)
     result = world.poll(himitsu.NotModified(5, age=1.0))

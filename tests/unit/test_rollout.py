@@ -382,11 +382,12 @@ def test_a_status_write_lost_after_a_restart_does_not_restart_again(
     calls = world.kube.calls
     original = world.kube.patch_status
 
-    def refuse_after_a_restart(namespace: str, name: str, status: dict[str, Any]) -> None:
+    def refuse_after_a_restart(namespace: str, name: str, status: dict[str, Any], *,
+                               uid: str = "") -> None:
         if calls["restart_workload"] == 1 and not calls["refused"]:
             calls["refused"] += 1
             raise KubeError("status patch refused", status=500)
-        original(namespace, name, status)
+        original(namespace, name, status, uid=uid)
 
     world.kube.patch_status = refuse_after_a_restart  # type: ignore[method-assign]
     result = world.poll(fetched(6, changed("b")))
@@ -1085,3 +1086,23 @@ def test_a_recreated_merge_himitsusecret_does_not_restart_for_data_already_there
     world.reconcile(fetched(5))
     world.poll(himitsu.NotModified(5))
     assert len(restarts(world)) == 1, entry(world)
+
+
+def test_a_deleted_himitsusecret_s_status_never_lands_on_its_recreated_namesake() -> None:
+    """The user deletes the HimitsuSecret and creates another of the same name before the
+    informer sees it: a reconcile of the stale copy must not write the deleted object's
+    status (its rolloutRestarts record: what the old target's pods had) onto the new one,
+    whose first sync would then take that record as its own and owe no restart, or one
+    it does not owe (the model-based test's shrunk example: w0 kept older data)."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    world.poll(himitsu.NotModified(5))
+    assert world.status().get("rolloutRestarts")
+    world.kube.freeze_himitsu_secret(NS, NAME)  # the informer still has the deleted one
+    del world.kube.himitsu_secrets[(NS, NAME)]
+    world.kube.add_himitsu_secret(make_hsec(rolloutRestartTargets=[WEB],
+                                            minRestartInterval="0"))
+    world.clock.advance(60)
+    world.fetcher.then(himitsu.NotModified(5), fetched(5))
+    world.reconciler.reconcile(KEY)
+    assert not world.status().get("rolloutRestarts"), world.status()

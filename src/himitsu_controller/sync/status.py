@@ -171,7 +171,8 @@ class StatusWriter:
     def _write(self, key: str, obj: Mapping[str, Any], status: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        self._kube.patch_status(namespace, name, status)
+        # The uid: a status computed from a deleted object never lands on its namesake.
+        self._kube.patch_status(namespace, name, status, uid=str(meta.get("uid", "")))
         stored = {k: v for k, v in status.items() if v is not None}
         with self._lock:
             self._written[key] = _pack(str(meta.get("uid", "")), stored)
