@@ -316,15 +316,24 @@ class KubeClient:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
                      uid: str = "") -> None:
-        """``uid``: only that object's status (the apiserver answers 409 to a patch whose
-        metadata.uid is another's: a namesake created since the informer saw it)."""
-        body: dict[str, Any] = {"status": status}
+        """``status`` (None: a field to remove). With ``uid``, only that object's: a JSON
+        patch whose first op tests ``metadata.uid`` (refused with 422 for a namesake
+        created since the informer saw the object) and then puts the whole status. A
+        merge patch's ``metadata.uid`` is no precondition on the status subresource (the
+        CRD status strategy keeps the stored metadata: checked on kube-apiserver 1.36)."""
         if uid:
-            body["metadata"] = {"uid": uid}
+            body: Any = [
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "add", "path": "/status",
+                 "value": {k: v for k, v in status.items() if v is not None}},
+            ]
+            content_type = "application/json-patch+json"
+        else:
+            body, content_type = {"status": status}, "application/merge-patch+json"
         try:
             self._request(
                 "PATCH", HIMITSU_SECRETS.path(namespace, name, "status"),
-                body=body, content_type="application/merge-patch+json",
+                body=body, content_type=content_type,
             )
         except ApiError as exc:
             raise _kube_error(exc, f"updating status of HimitsuSecret {name!r}") from None

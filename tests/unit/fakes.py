@@ -258,11 +258,12 @@ class FakeKube:
                      uid: str = "") -> None:
         self._maybe_fail("patch_status")
         obj = self.himitsu_secrets[(namespace, name)]
-        if uid and uid != obj["metadata"].get("uid"):  # as the apiserver: another object
-            raise Conflict("Precondition failed: UID in precondition", status=409,
-                           reason="Conflict")
+        if uid and uid != obj["metadata"].get("uid"):  # the adapter's JSON patch test op
+            raise KubeError("updating status failed: 422 Invalid: the test operation failed",
+                            status=422, reason="Invalid")
         self.status_patches.append((namespace, name, copy.deepcopy(status)))
-        obj["status"] = merge_patch(obj.get("status") or {}, status)
+        obj["status"] = ({k: v for k, v in status.items() if v is not None} if uid
+                         else merge_patch(obj.get("status") or {}, status))
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
 
     def add_workload(self, namespace: str, kind: str, name: str, *,

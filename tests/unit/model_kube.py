@@ -204,17 +204,22 @@ class ApiServer:
             return copy.deepcopy(current)  # a no-op update writes nothing
         return self._store(resource, namespace, name, current, obj)
 
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj:
+    def patch_status(self, namespace: str, name: str, patch: Any) -> Obj:
         current = self.objects.get((HSEC, namespace, name))
         if current is None:
             raise status_error(404, "NotFound", f'{api.PLURAL}.{api.GROUP} "{name}" not found')
-        uid = (patch.get("metadata") or {}).get("uid")
-        if uid and uid != current["metadata"]["uid"]:
-            raise status_error(409, "Conflict", (
-                f"Precondition failed: UID in precondition: {current['metadata']['uid']}, "
-                f"UID in object meta: {uid}"))
         obj = copy.deepcopy(current)
-        obj["status"] = merge_patch(current.get("status") or {}, patch.get("status") or {})
+        if isinstance(patch, list):  # a JSON patch: the adapter's uid test, then the status
+            for op in patch:
+                if op["op"] == "test" and op["path"] == "/metadata/uid":
+                    if op["value"] != current["metadata"]["uid"]:
+                        raise status_error(422, "Invalid", "the test operation failed")
+                elif op["op"] in ("add", "replace") and op["path"] == "/status":
+                    obj["status"] = copy.deepcopy(op["value"])
+                else:
+                    raise status_error(422, "Invalid", f"op not served here: {op}")
+        else:  # a merge patch: metadata in it is dropped (the status strategy keeps it)
+            obj["status"] = merge_patch(current.get("status") or {}, patch.get("status") or {})
         if obj == current:
             return copy.deepcopy(current)
         return self._store(HSEC, namespace, name, current, obj)

@@ -399,16 +399,6 @@ def test_status_patch_is_a_merge_patch_on_the_status_subresource(h: Harness) -> 
         h.client.patch_status("apps", "app-config", {})
 
 
-def test_status_patch_names_the_object_s_uid(h: Harness) -> None:
-    """A status computed from a deleted object's informer copy is refused (409) on the
-    namesake created since, not merged into its status."""
-    path = "/apis/himitsu.io/v1alpha1/namespaces/apps/himitsusecrets/app-config/status"
-    h.rest.answer("PATCH", path, {})
-    h.client.patch_status("apps", "app-config", {"configVersion": 3}, uid="u-1")
-    (sent,) = h.rest.sent
-    assert sent.body == {"metadata": {"uid": "u-1"}, "status": {"configVersion": 3}}
-
-
 @pytest.mark.parametrize(("status", "shown"), [
     (403, True), (422, True), (400, False), (500, False), (409, True)])
 def test_only_denials_conflicts_and_validation_errors_show_the_apiserver_message(

@@ -79,7 +79,8 @@ class ExecSpec:
     command: str
     args: tuple[str, ...] = field(default=(), repr=False)  # may hold secrets
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    cluster: Mapping[str, Any] | None = None  # provideClusterInfo: the ExecCredential's
+    # the ExecCredential's spec.cluster (provideClusterInfo; may hold a proxy password)
+    cluster: Mapping[str, Any] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:

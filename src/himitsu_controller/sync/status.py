@@ -108,12 +108,14 @@ class StatusWriter:
         message = bounded(message)
         status["conditions"] = [self._ready("False", reason, message, previous, generation)]
         transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
-        if status != previous:
-            self._write(key, obj, status)
-        else:  # nothing to write (a restart finding the same failure): still in the gauge
-            self._report(obj, status)
-        if transition:
-            self._event(obj, "Warning", reason, message)
+        try:
+            if status != previous:
+                self._write(key, obj, status)
+            else:  # nothing to write (a restart finding the same failure): still in the gauge
+                self._report(obj, status)
+        finally:  # the Event does not depend on the status write (a 403 on it, say)
+            if transition:
+                self._event(obj, "Warning", reason, message)
 
     def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``status.rolloutRestarts`` as we last wrote it (``sync.rollout``'s record)."""
