@@ -18,7 +18,8 @@ step: an assertion raised inside a reconcile would only be logged by the control
   source, force-sync, target deleted or its data edited) holds data no older than
   ``FRESH`` seconds before the user's action, once the operator has seen the action and
   reports Synced (other spec edits may keep the data held: it is as current as a timed
-  poll's);
+  poll's); while Himitsu refuses (429, 5xx, a budget run short) what is written from
+  memory is excused and the action stays pending for the next answer;
 * ``quiet``: after a restart with every target of a source in sync, no full fetch (200)
   of that source until something changes.
 
@@ -273,6 +274,8 @@ class Oracle:
     def _check_fresh(self, key: str, spec: api.Spec, version: int, did: str, *,
                      clear: bool) -> None:
         pending = self.triggers.get(key, [])
+        if self._refusing(spec):
+            return  # from memory, the action still pending: the next answer must be fresh
         for trig in [t for t in pending if t.seen]:
             if trig.env == spec.environment_id and version < trig.required:
                 self.violation(
@@ -281,6 +284,20 @@ class Oracle:
                     f"{FRESH:g}s or more")
             if clear:
                 pending.remove(trig)
+
+    def _refusing(self, spec: api.Spec) -> bool:
+        """Himitsu refuses this source now: its last answer to it was a 429 or a 5xx, or
+        the key's budget ran short in the current window (the operator's own pacing holds
+        requests back then). Meanwhile the README lets a first sync or a repair write what
+        the operator holds in memory, and a timed poll or a force-sync wait (Ready may say
+        the polls are overdue); it asks again as soon as it may."""
+        himitsu = self.world.himitsu
+        if self.world.clock.t < himitsu.horizon:
+            return True
+        token = self._token(spec)
+        answers = [r for r in himitsu.requests
+                   if r.env == spec.environment_id and r.token == token]
+        return bool(answers) and (answers[-1].status == 429 or answers[-1].status >= 500)
 
     # -- the states a quiet period must end in ---------------------------------------------
 

@@ -370,14 +370,7 @@ def run_model(checks: frozenset[str], *, shrink: bool = True) -> None:
 # Invariants whose fix has not reached main yet. Each is checked on its own in a strict
 # xfail test below, so the day its fix lands that test fails (XPASS): then delete its
 # line here, and the main test enforces it with the others. Never weaken one instead.
-PENDING: dict[str, str] = {
-    "fresh": "found 2026-12-01, cause not yet found: while another client has spent the"
-             " token's Himitsu budget (429s), a first sync or a force-sync (a HimitsuSecret"
-             " pointed at another environment; a force-sync after a restart) writes or"
-             " reports Synced at the version the poller held, Himitsu having held a newer"
-             " one for seconds (the from-memory fallback or a shared answer in"
-             " sync/reconciler.py _fetch)",
-}
+PENDING: dict[str, str] = {}  # check -> why it is not enforced yet (a strict xfail)
 
 
 # ~30 s of CPU; on a 2-core machine shared with other jobs it took 355 s, past the suite's
