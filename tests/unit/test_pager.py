@@ -17,7 +17,7 @@ import pytest
 from fake_apiserver import FakeApiServer, status_body
 
 from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.pager import Pager, lists_from_snapshots
+from himitsu_controller.runtime.pager import Listing, Pager, lists_from_snapshots
 from himitsu_controller.runtime.rest import HttpClient, Resource, RestClient
 
 WIDGETS = Resource("example.io", "v1", "widgets")
@@ -62,15 +62,22 @@ def test_the_first_list_and_a_relist_come_in_pages_from_the_watch_cache(
     assert sorted(informer.store.keys()) == [f"ns/{n}" for n in "bcdef"]
 
 
-def test_an_expired_continue_token_starts_the_list_over_in_pages(
-        server: FakeApiServer, api_client: HttpClient) -> None:
+def _list_five_in_pages(server: FakeApiServer, api_client: HttpClient, *,
+                        expiring_continues: int) -> Listing | None:
+    """Five objects listed in pages of 2 from list snapshots, the first
+    ``expiring_continues`` continue tokens answered 410."""
     server.watch_cache = server.list_snapshots = True
     for name in "abcde":
         server.put(name)
-    server.expire_continue = 1
+    server.expire_continue = expiring_continues
     pager = Pager(RestClient(api_client), WIDGETS, namespace="ns", selectors={},
                   page_size=2, name="widgets", snapshots=True)
-    listed = pager.list("", threading.Event())
+    return pager.list("", threading.Event())
+
+
+def test_an_expired_continue_token_starts_the_list_over_in_pages(
+        server: FakeApiServer, api_client: HttpClient) -> None:
+    listed = _list_five_in_pages(server, api_client, expiring_continues=1)
     assert listed is not None
     items, version = listed
     assert sorted(items) == [f"ns/{n}" for n in "abcde"] and version == "105"
@@ -81,13 +88,7 @@ def test_an_expired_continue_token_starts_the_list_over_in_pages(
 
 def test_a_continue_token_that_keeps_expiring_ends_in_one_page(
         server: FakeApiServer, api_client: HttpClient) -> None:
-    server.watch_cache = server.list_snapshots = True
-    for name in "abcde":
-        server.put(name)
-    server.expire_continue = 2
-    pager = Pager(RestClient(api_client), WIDGETS, namespace="ns", selectors={},
-                  page_size=2, name="widgets", snapshots=True)
-    listed = pager.list("", threading.Event())
+    listed = _list_five_in_pages(server, api_client, expiring_continues=2)
     assert listed is not None and sorted(listed[0]) == [f"ns/{n}" for n in "abcde"]
     assert list_params(server)[-1] == (None, None, None, None)  # no third start
 
