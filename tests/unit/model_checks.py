@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from model_himitsu import Request
+from model_himitsu import WINDOW, Request
 from model_kube import DEPLOY, HSEC, SECRET, Change, secret_errors
 from model_rollout import RolloutOracle
 
@@ -274,9 +274,9 @@ class Oracle:
     def _check_fresh(self, key: str, spec: api.Spec, version: int, did: str, *,
                      clear: bool) -> None:
         pending = self.triggers.get(key, [])
-        if self._refusing(spec):
-            return  # from memory, the action still pending: the next answer must be fresh
         for trig in [t for t in pending if t.seen]:
+            if self._refusing(spec, since=trig.at):
+                continue  # from memory, the action still pending: the next answer must be fresh
             if trig.env == spec.environment_id and version < trig.required:
                 self.violation(
                     f"fresh: {key} {did} version {version} after '{trig.what}' at "
@@ -285,19 +285,23 @@ class Oracle:
             if clear:
                 pending.remove(trig)
 
-    def _refusing(self, spec: api.Spec) -> bool:
-        """Himitsu refuses this source now: its last answer to it was a 429 or a 5xx, or
-        the key's budget ran short in the current window (the operator's own pacing holds
-        requests back then). Meanwhile the README lets a first sync or a repair write what
-        the operator holds in memory, and a timed poll or a force-sync wait (Ready may say
-        the polls are overdue); it asks again as soon as it may."""
-        himitsu = self.world.himitsu
-        if self.world.clock.t < himitsu.horizon:
+    def _refusing(self, spec: api.Spec, *, since: float) -> bool:
+        """Himitsu refuses this source now, for this token: its budget (or the IP's) ran
+        short in the current window (the operator's own pacing holds requests back then),
+        or its last answer to this source, given after the action at ``since`` and within
+        a window of now, was a 429 or a 5xx. Meanwhile the README lets a first sync or a
+        repair write what the operator holds in memory, and a timed poll or a force-sync
+        wait (Ready may say the polls are overdue); it asks again as soon as it may."""
+        himitsu, now, token = self.world.himitsu, self.world.clock.t, self._token(spec)
+        if now < himitsu.short_until.get(token, 0.0) or now < himitsu.short_until.get("", 0.0):
             return True
-        token = self._token(spec)
         answers = [r for r in himitsu.requests
                    if r.env == spec.environment_id and r.token == token]
-        return bool(answers) and (answers[-1].status == 429 or answers[-1].status >= 500)
+        if not answers:
+            return False
+        last = answers[-1]
+        return (last.at >= since and now - last.at <= WINDOW
+                and (last.status == 429 or last.status >= 500))
 
     # -- the states a quiet period must end in ---------------------------------------------
 

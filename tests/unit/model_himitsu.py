@@ -61,6 +61,8 @@ class ModelHimitsu:
     fail_next: int = 0  # answer this many requests 500 INTERNAL_ERROR
     slow_next: list[float] = field(default_factory=list)  # extra seconds, one per request
     horizon: float = 0.0  # the latest end of a window in which the budget ran short
+    # The same per API key ("" for the IP's window): till when that key's budget is short.
+    short_until: dict[str, float] = field(default_factory=dict)
     on_answer: Callable[[Request], None] = lambda request: None
     _keys: dict[str, Window] = field(default_factory=dict)
     _ip: Window | None = None
@@ -104,7 +106,13 @@ class ModelHimitsu:
         self._keys[token] = window
         window.count += requests_made
         if window.count > KEY_LIMIT * 3 // 4:
-            self.horizon = max(self.horizon, window.start + WINDOW)
+            self._short(token, window)
+
+    def _short(self, key: str, window: Window) -> None:
+        """``key``'s budget (the IP's for "") ran short in ``window``."""
+        end = window.start + WINDOW
+        self.horizon = max(self.horizon, end)
+        self.short_until[key] = max(self.short_until.get(key, 0.0), end)
 
     def _window(self, window: Window | None) -> Window:
         now = self.now()
@@ -131,7 +139,7 @@ class ModelHimitsu:
         if window.count > KEY_LIMIT:
             return self._limited(window, KEY_LIMIT, token, match["e"] if match else "")
         if window.count > KEY_LIMIT * 3 // 4:
-            self.horizon = max(self.horizon, window.start + WINDOW)
+            self._short(token, window)
         if match is None:
             return self._error(404, "NOT_FOUND", limits)
         env = match["e"]
@@ -158,7 +166,7 @@ class ModelHimitsu:
 
     def _limited(self, window: Window, limit: int, token: str, env: str,
                  ) -> tuple[int, dict[str, str], bytes]:
-        self.horizon = max(self.horizon, window.start + WINDOW)
+        self._short(token, window)
         retry = max(1, math.ceil(window.start + WINDOW - self.now()))
         status, headers, body = self._error(429, "RATE_LIMITED", {
             **_limit_headers(window, self.now(), limit), "Retry-After": str(retry)})
