@@ -8,7 +8,7 @@ This one sends N merge-patches to a local HTTP server, in one process, through
   (a) ``ApiClient.param_serialize`` + ``ApiClient.call_api`` (the kubernetes client's own
       path, which RestClient used before it got a lean path of its own), reading and
       decoding the JSON answer as RestClient did, and
-  (b) ``RestClient.patch`` (our own transport: runtime/httpclient.py, transport.py),
+  (b) ``RestClient.patch`` (our own transport: runtime/client/httpclient.py, transport.py),
 
 alternating batches of the two, and prints the median CPU microseconds per request of the
 client thread (``time.thread_time``; the server is a separate process, so its CPU is not
@@ -35,8 +35,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from himitsu_controller.runtime.httpclient import new_retry
-from himitsu_controller.runtime.rest import (
+from himitsu_controller.runtime.client.httpclient import new_retry
+from himitsu_controller.runtime.client.rest import (
     MERGE_PATCH,
     ClientConfig,
     HttpClient,

@@ -23,22 +23,27 @@ import structlog
 from himitsu_controller import __version__, api, himitsu, kube, metrics
 from himitsu_controller import logging as hlogging
 from himitsu_controller.runtime import handler
+from himitsu_controller.runtime.cache.informer import Informer
+from himitsu_controller.runtime.cache.pager import LIST_PAGES, lists_from_snapshots
+from himitsu_controller.runtime.client.httpclient import ClientConfig
+from himitsu_controller.runtime.client.kubeconfig import (
+    ConfigError,
+    load_client_config,
+    new_api_client,
+)
+from himitsu_controller.runtime.client.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.controller import Controller
 from himitsu_controller.runtime.events import EventRecorder
-from himitsu_controller.runtime.httpclient import ClientConfig
-from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.kubeconfig import ConfigError, load_client_config, new_api_client
-from himitsu_controller.runtime.leaderelection import (
+from himitsu_controller.runtime.leader.election import (
     LeaderElectionConfig,
     LeaderElector,
     default_identity,
 )
+from himitsu_controller.runtime.leader.writegate import WriteGate
 from himitsu_controller.runtime.manager import Manager
-from himitsu_controller.runtime.pager import LIST_PAGES, lists_from_snapshots
-from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.resync import Resync
-from himitsu_controller.runtime.writegate import WriteGate
-from himitsu_controller.sync import allowlist, pacing, polls, summary
+from himitsu_controller.sync import allowlist, summary
+from himitsu_controller.sync.polling import pacing, polls
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
 
 log = structlog.get_logger(__name__)
@@ -218,7 +223,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     allowed = _allowed_api_urls(args)
     workers = args.workers
     # With leader election, writes (reconciles' and Events') go out only while the gate
-    # says this replica holds the Lease (runtime/writegate.py).
+    # says this replica holds the Lease (runtime/leader/writegate.py).
     gate = WriteGate() if args.leader_elect else None
     # One configuration, and so one set of credentials (one credential plugin run), for
     # the three clients.
@@ -233,7 +238,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
                 if gate is not None else None)  # bad flags stop us before any waiting
     _check_reachable(rest, args.namespace, stop=stop)
     # Lists in pages where the watch cache serves them so: a restart's first lists are
-    # never decoded whole (runtime/pager.py).
+    # never decoded whole (runtime/cache/pager.py).
     snapshots = lists_from_snapshots(rest, pages=args.list_pages)
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",

@@ -38,14 +38,14 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from himitsu_controller import api
-from himitsu_controller.runtime.events import EVENTS, EventSink, build_event
-from himitsu_controller.runtime.rest import (
+from himitsu_controller.runtime.client.rest import (
     ApiError,
     Resource,
     RestClient,
     TransportError,
     WriteRefused,
 )
+from himitsu_controller.runtime.events import EVENTS, EventSink, build_event
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound, SecretValue
 
 SECRETS = Resource("", "v1", "secrets")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from himitsu_controller.sync import schedule
+from himitsu_controller.sync.polling import schedule
 
 from .harness import Harness, Sync
 from .kubehelp import KubeApi, hsec_path, kubectl, secret_path, wait_for

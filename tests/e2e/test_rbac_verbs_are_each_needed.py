@@ -32,12 +32,12 @@ import pytest
 import yaml
 
 from himitsu_controller import api, cli, kube
-from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.leaderelection import LeaderElectionConfig, LeaderElector
-from himitsu_controller.runtime.rest import ApiError, Resource, RestClient, load_api_client
-from himitsu_controller.runtime.store import Store
-from himitsu_controller.sync import targets
+from himitsu_controller.runtime.cache.informer import Informer
+from himitsu_controller.runtime.cache.store import Store
+from himitsu_controller.runtime.client.rest import ApiError, Resource, RestClient, load_api_client
+from himitsu_controller.runtime.leader.election import LeaderElectionConfig, LeaderElector
 from himitsu_controller.sync.ports import KubeError
+from himitsu_controller.sync.target import targets
 from localcluster import LocalCluster
 
 from . import cluster_setup

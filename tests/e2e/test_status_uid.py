@@ -12,8 +12,8 @@ import pytest
 
 from himitsu_controller import api
 from himitsu_controller.kube import KubeClient
-from himitsu_controller.runtime.rest import RestClient, load_api_client
-from himitsu_controller.runtime.store import Store
+from himitsu_controller.runtime.cache.store import Store
+from himitsu_controller.runtime.client.rest import RestClient, load_api_client
 from himitsu_controller.sync.ports import KubeError
 
 from .kubehelp import KubeApi, hsec_path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from himitsu_controller.sync import schedule
+from himitsu_controller.sync.polling import schedule
 
 from .harness import Harness
 from .kubehelp import wait_for

@@ -22,11 +22,11 @@ import structlog
 from fake_apiserver import Canned, FakeApiServer, Recorded, kubeconfig_for
 
 from himitsu_controller import __version__, api, cli, kube
-from himitsu_controller.runtime.informer import Informer
-from himitsu_controller.runtime.kubeconfig import ConfigError
-from himitsu_controller.runtime.leaderelection import LeaderElector
+from himitsu_controller.runtime.cache.informer import Informer
+from himitsu_controller.runtime.client.kubeconfig import ConfigError
+from himitsu_controller.runtime.client.rest import ApiError, RestClient, TransportError
+from himitsu_controller.runtime.leader.election import LeaderElector
 from himitsu_controller.runtime.metrics import REGISTRY
-from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError
 
 TIMEOUT = 30.0
 EVENTS_PATH = "/api/v1/namespaces/apps/events"

@@ -20,8 +20,13 @@ import pytest
 
 from himitsu_controller import api, kube
 from himitsu_controller.kube import TOKEN_TTL, KubeClient
+from himitsu_controller.runtime.client.rest import (
+    ApiError,
+    RestClient,
+    TransportError,
+    WriteRefused,
+)
 from himitsu_controller.runtime.events import EventRecorder
-from himitsu_controller.runtime.rest import ApiError, RestClient, TransportError, WriteRefused
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound
 from himitsu_controller.sync.tokens import TokenNotAllowed, TokenReader
 

@@ -7,7 +7,7 @@ authority; a proxy's error page must not reach a Kubernetes status; a token or a
 value must never end up in an exception string, a log line or a metric label; a server
 that trickles bytes must not hold a worker past a deadline; a redirect must not carry a
 request off the configured host. Each of those is decided here, once, and tested in
-tests/unit/test_himitsu_client.py and test_himitsu_http.py. The deadline plumbing
+tests/unit/himitsu/test_himitsu_client.py and test_himitsu_http.py. The deadline plumbing
 lives in `himitsu.http`, the reading of answers in `himitsu.wire`.
 
 Errors are typed by what the caller does next (fix the spec, fix the token, wait for

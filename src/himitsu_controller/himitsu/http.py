@@ -14,7 +14,7 @@ resolution cannot be interrupted this way; the resolver's own timeouts bound it.
 The hook is two small overrides on urllib3's connection classes (``_new_conn`` for new
 sockets, ``request`` for pooled ones), installed only in the adapter of sessions made by
 `new_session`, so no global state of requests or urllib3 is touched. The loopback tests
-in tests/unit/test_himitsu_http.py fail if a urllib3 upgrade ever bypasses these hooks.
+in tests/unit/himitsu/test_himitsu_http.py fail if a urllib3 upgrade ever bypasses these hooks.
 
 `bounded_get` is the one GET the client makes with all of that: no redirects (one could
 leave the allow-listed host), the deadline, a size cap checked against Content-Length

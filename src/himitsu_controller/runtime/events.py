@@ -39,9 +39,10 @@ from typing import Any, Protocol
 
 import structlog
 
+from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
+from himitsu_controller.runtime.client.rest import Resource
+
 from . import metrics
-from .apierrors import ApiError, TransportError, WriteRefused
-from .rest import Resource
 
 log = structlog.get_logger(__name__)
 

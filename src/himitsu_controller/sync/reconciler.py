@@ -24,20 +24,13 @@ import structlog
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import (
-    allowlist,
-    lag,
-    polls,
-    render,
-    rollout,
-    schedule,
-    targets,
-    wakes,
-    writes,
-)
-from himitsu_controller.sync.expectations import Memory, resource_version
+from himitsu_controller.sync import allowlist, rollout, wakes
+from himitsu_controller.sync.context import Context
+from himitsu_controller.sync.memory import Memory, resource_version
+from himitsu_controller.sync.polling import lag, polls, schedule
 from himitsu_controller.sync.ports import Fetcher, Kube, KubeError
 from himitsu_controller.sync.status import StatusWriter
+from himitsu_controller.sync.target import render, targets, writes
 from himitsu_controller.sync.tokens import TokenError, TokenNotAllowed, TokenReader
 
 log = structlog.get_logger(__name__)
@@ -91,7 +84,7 @@ class HimitsuSecretReconciler:
             self._forget(key)
             return Result()
         meta = obj["metadata"]
-        ctx = wakes.Context(
+        ctx = Context(
             key=key, obj=obj, generation=int(meta.get("generation") or 0),
             owner=targets.Owner(namespace=namespace, name=name, uid=str(meta.get("uid", ""))),
             status=self._status.effective(key, obj),
@@ -119,7 +112,7 @@ class HimitsuSecretReconciler:
 
     # -- the happy path -------------------------------------------------------------
 
-    def _sync(self, ctx: wakes.Context, spec: api.Spec, api_url: str) -> Result:
+    def _sync(self, ctx: Context, spec: api.Spec, api_url: str) -> Result:
         mem = self._remember(ctx)
         lag.first_sight(mem, last_sync_time=ctx.status.last_sync_time,
                         interval=spec.refresh_interval, in_step=wakes.in_step(ctx))
@@ -207,7 +200,7 @@ class HimitsuSecretReconciler:
             mem.due = soon if mem.due is None else min(mem.due, soon)
         return wakes.until_due(mem, now=self._clock())
 
-    def _salt(self, ctx: wakes.Context, spec: api.Spec, mem: Memory,
+    def _salt(self, ctx: Context, spec: api.Spec, mem: Memory,
               target: Mapping[str, Any] | None) -> str | None:
         """The rollout salt to keep on the target (None: a fresh one is to be stamped):
         ours, never one only someone else chose (``rollout.trusted_salt``)."""
@@ -215,7 +208,7 @@ class HimitsuSecretReconciler:
             return mem.salt if spec.rollout.targets else None
         return rollout.trusted_salt(mem, target, self._status.rollout_entries(ctx.key, ctx.obj))
 
-    def _follow_spec(self, ctx: wakes.Context, spec: api.Spec, mem: Memory, api_url: str) -> None:
+    def _follow_spec(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str) -> None:
         """Memory follows the spec: a HimitsuSecret whose spec names another source leaves
         the old one (its secrets go with its last reader) even if this reconcile fails
         before it reads anything (a missing token Secret)."""
@@ -228,7 +221,7 @@ class HimitsuSecretReconciler:
             mem.source, mem.revalidate = None, None
 
     @staticmethod
-    def _known_version(ctx: wakes.Context, *, intact: bool) -> int | None:
+    def _known_version(ctx: Context, *, intact: bool) -> int | None:
         """The version to send in If-None-Match, or None when a full fetch is required.
 
         ``intact``: the target holds exactly what we wrote at ``status.configVersion``
@@ -241,7 +234,7 @@ class HimitsuSecretReconciler:
         return status.config_version if intact else None
 
     def _read_target(
-        self, ctx: wakes.Context, spec: api.Spec, mem: Memory,
+        self, ctx: Context, spec: api.Spec, mem: Memory,
     ) -> dict[str, Any] | None:
         # An Owner target we may write is labelled as ours, so the informer holds it. For
         # a HimitsuSecret that never wrote one, a miss means there is none, and the
@@ -278,7 +271,7 @@ class HimitsuSecretReconciler:
             raise _Failure("AuthenticationFailure", str(exc)) from None
 
     def _fetch(
-        self, ctx: wakes.Context, spec: api.Spec, token: str, known: int | None, *,
+        self, ctx: Context, spec: api.Spec, token: str, known: int | None, *,
         window: float, api_url: str, floor: int | None, fallback: bool,
     ) -> tuple[himitsu.FetchResult, float | None]:
         """Himitsu's answer, and None; or, for a write that cannot wait (``fallback``: a
@@ -315,7 +308,7 @@ class HimitsuSecretReconciler:
                            "the Himitsu API answered 304 to an unconditional request")
         return result, None
 
-    def _fetch_failed(self, ctx: wakes.Context, spec: api.Spec, exc: Exception) -> NoReturn:
+    def _fetch_failed(self, ctx: Context, spec: api.Spec, exc: Exception) -> NoReturn:
         if isinstance(exc, polls.LocallyRateLimited):  # not sent: a quiet wait
             raise _Requeue(max(0.5, exc.retry_after), paced=True) from None
         if isinstance(exc, (himitsu.Unauthorized, himitsu.Forbidden)):
@@ -338,7 +331,7 @@ class HimitsuSecretReconciler:
             raise _Failure("InvalidSpec", str(exc)) from None
 
     def _write(
-        self, ctx: wakes.Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
+        self, ctx: Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
         rendered: dict[str, str], version: int,
     ) -> bool:
         salt = (self._salt(ctx, spec, mem, target) or token_hex(16)) \
@@ -385,7 +378,7 @@ class HimitsuSecretReconciler:
 
     # -- failures and timing ----------------------------------------------------------
 
-    def _failed(self, ctx: wakes.Context, spec: api.Spec | None, failure: _Failure) -> Result:
+    def _failed(self, ctx: Context, spec: api.Spec | None, failure: _Failure) -> Result:
         mem = self._remember(ctx)
         mem.failures += 1
         mem.due = None  # a retry is not the scheduled poll: no lateness allowance
@@ -402,7 +395,7 @@ class HimitsuSecretReconciler:
         delay = failure.retry_after or schedule.backoff(mem.failures, interval)
         return Result(requeue_after=delay, error=failure.reason)
 
-    def _note_overdue(self, ctx: wakes.Context, spec: api.Spec) -> None:
+    def _note_overdue(self, ctx: Context, spec: api.Spec) -> None:
         """A poll held back by request pacing with the target over a refreshInterval past
         its promise: Ready's message says so (one patch: the note does not change while
         the poll waits). The promise is mem.interval's, not a refreshInterval edited since."""
@@ -449,7 +442,7 @@ class HimitsuSecretReconciler:
         target = ((obj.get("spec") or {}).get("target") or {}).get("name")
         return target == secret_name
 
-    def _remember(self, ctx: wakes.Context) -> Memory:
+    def _remember(self, ctx: Context) -> Memory:
         with self._lock:
             mem = self._memory.get(ctx.key)
             if mem is None or mem.uid != ctx.owner.uid:

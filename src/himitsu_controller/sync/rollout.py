@@ -54,14 +54,14 @@ import structlog
 
 from himitsu_controller import api, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import schedule
-from himitsu_controller.sync import targets as target_rules
-from himitsu_controller.sync.expectations import Memory
+from himitsu_controller.sync.context import Context
+from himitsu_controller.sync.memory import Memory
+from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube, KubeError
 from himitsu_controller.sync.references import allows_restart_by, secrets_read
 from himitsu_controller.sync.restarter import Claim, Outcome, Restarter, unreferenced
 from himitsu_controller.sync.status import StatusWriter, bounded
-from himitsu_controller.sync.wakes import Context
+from himitsu_controller.sync.target import targets as target_rules
 
 __all__ = ["Rollouts", "first_change", "legacy_key", "note_held", "pending", "trusted_salt"]
 

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from himitsu_controller import api
-from himitsu_controller.sync.render import data_hash
+from himitsu_controller.sync.target.render import data_hash
 
 __all__ = ["DIGEST", "SHARED", "himitsu_secret", "holds_hash", "is_summary", "keys_of",
            "secret"]

@@ -12,25 +12,17 @@ and never "done" for an object that still has polls to make (only refreshInterva
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from himitsu_controller import api, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import schedule, targets
-from himitsu_controller.sync.expectations import Memory, resource_version
+from himitsu_controller.sync.context import Context
+from himitsu_controller.sync.memory import Memory, resource_version
+from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube
+from himitsu_controller.sync.target import targets
 
-__all__ = ["Context", "defer_after_restart", "in_step", "note_cache", "until_due", "woken_idle"]
-
-
-@dataclass(frozen=True)
-class Context:
-    key: str
-    obj: dict[str, Any]
-    owner: targets.Owner
-    generation: int
-    status: api.Status
+__all__ = ["defer_after_restart", "in_step", "note_cache", "until_due", "woken_idle"]
 
 
 def in_step(ctx: Context) -> bool:

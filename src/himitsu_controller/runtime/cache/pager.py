@@ -1,0 +1,229 @@
+"""How the informer LISTs: client-go's reflector ``list()`` and its pager, on raw dicts.
+
+Why the resourceVersion of a LIST matters: it decides whether kube-apiserver answers
+from its watch cache (memory) or reads every object of the type from etcd and filters
+them (a label selector does not help etcd). A relist of the Secret informer must not
+read every Secret in the cluster from etcd. And why pages matter: a list answered in one
+page is decoded whole before the informer's transform reduces it (1,000 Secrets with
+their values, ~10 MiB at once); in pages of ``limit`` only one page is ever whole.
+
+Servers whose watch cache serves paginated lists (list snapshots: kube-apiserver 1.34 and
+later, ``ListFromCacheSnapshot``; ``lists_from_snapshots`` asks ``/version`` once per
+process) get every list in pages, all from the cache:
+
+* the first list at the latest version (``resourceVersion=""``, a consistent read the
+  cache serves once it has caught up; ``resourceVersion=0`` would be answered in one
+  page whatever the ``limit``), a relist "not older than" the last version seen
+  (``resourceVersionMatch=NotOlderThan``), both paginated;
+* when a continue token expires mid-listing, the list starts over from its first page at
+  the latest version (once; should that expire too, one page at the latest version).
+
+Older servers (or a ``/version`` that does not answer, or ``--list-pages=off``) keep
+client-go's reflector rules, which spare etcd at the price of one-page answers:
+
+* The first list asks for ``resourceVersion=0`` ("any"): the watch cache serves it,
+  ignoring ``limit``; if the answer came paginated anyway (the watch cache is off for
+  the type), later lists keep paginating too.
+* A relist asks for the last resourceVersion the informer saw, without ``limit`` ("not
+  older than" that version): the watch cache serves it, and the cache never goes back in
+  time. A ``limit`` would make it an "exact" read, which only etcd serves there.
+* Continue pages carry no resourceVersion (the apiserver refuses one with ``continue``);
+  when a continue token expires mid-listing (its snapshot was compacted away), list once
+  more in a single page at the requested resourceVersion.
+
+On both: when the resourceVersion asked for is unavailable -- expired (410) or too large
+(504 ``ResourceVersionTooLarge``, e.g. after etcd was restored from a backup) -- list
+again at once with ``resourceVersion=""``, paginated. The listing's resourceVersion is
+its last page's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import structlog
+
+from himitsu_controller.runtime.cache.store import object_key
+from himitsu_controller.runtime.cache.transform import Transform, apply
+from himitsu_controller.runtime.client.errors import (
+    ApiError,
+    TransportError,
+    is_resource_expired,
+    is_too_large_resource_version,
+)
+from himitsu_controller.runtime.client.rest import Resource, RestClient
+
+__all__ = ["LIST_PAGES", "Pager", "lists_from_snapshots"]
+
+log = structlog.get_logger(__name__)
+
+Object = dict[str, Any]
+Listing = tuple[dict[str, Object], str]  # objects by key, the list's resourceVersion
+# The first kube-apiserver minor whose watch cache serves paginated lists (list snapshots,
+# ListFromCacheSnapshot: beta and on by default in 1.34).
+SNAPSHOT_MINOR = 34
+# --list-pages: "auto" pages on servers whose version says they can, "off" never.
+LIST_PAGES = ("auto", "off")
+
+
+class Pager:
+    """LISTs one resource (namespace, selectors) with the reflector's resourceVersions."""
+
+    def __init__(self, rest: RestClient, resource: Resource, *, namespace: str | None,
+                 selectors: Mapping[str, str | None], page_size: int, name: str,
+                 transform: Transform | None = None, shared: Collection[str] = (),
+                 snapshots: bool = False) -> None:
+        """``transform`` is applied to each item page by page (``runtime.transform``), so
+        a listing never holds every object whole at once; ``snapshots``: the server's
+        watch cache serves paginated lists (``lists_from_snapshots``)."""
+        self._rest = rest
+        self._transform = transform
+        self._shared = shared
+        self._resource = resource
+        self._namespace = namespace if resource.namespaced else None
+        self._selectors = dict(selectors)
+        self._page_size = page_size
+        self._name = name
+        # The first list (resourceVersion=0) came back in pages: no watch cache to prefer.
+        self._paginated = False
+        # The last list at the informer's resourceVersion found it expired or too large.
+        self._unavailable = False
+        self._snapshots = snapshots
+
+    def resource_version_for(self, last_seen: str) -> str:
+        """client-go's relistResourceVersion: "" after an unavailable one, "0" at first
+        ("" with list snapshots: "0" would come in one page)."""
+        if self._unavailable:
+            return ""
+        return last_seen or ("" if self._snapshots else "0")
+
+    def list(self, last_seen: str, stop: threading.Event) -> Listing | None:
+        """Every object, and the resourceVersion to watch from; None when ``stop`` is set."""
+        version = self.resource_version_for(last_seen)
+        try:
+            listed = self._list_at(version, stop)
+        except ApiError as exc:
+            if not (is_resource_expired(exc) or is_too_large_resource_version(exc)):
+                raise
+            log.info("resource version unavailable, listing at the latest", informer=self._name,
+                     resource_version=version, status=exc.status, reason=exc.reason)
+            self._unavailable = True
+            listed = self._list_at(self.resource_version_for(last_seen), stop)
+        if listed is None:
+            return None
+        items, listed_version, paginated = listed
+        if version == "0" and paginated:
+            self._paginated = True
+        self._unavailable = False
+        return items, listed_version
+
+    def _list_at(self, version: str, stop: threading.Event, *, restarts: int = 1,
+                 ) -> tuple[dict[str, Object], str, bool] | None:
+        limit: int | None = self._page_size
+        match = None
+        if version not in ("", "0"):
+            if self._snapshots:
+                match = "NotOlderThan"  # paginated, and still the watch cache's
+            elif not self._paginated:
+                limit = None  # unpaginated at a known version: the watch cache serves it
+        first: dict[str, Any] = {**self._selectors, "resourceVersion": version or None,
+                                 "resourceVersionMatch": match, "limit": limit}
+        query = first
+        items: dict[str, Object] = {}
+        paginated = False
+        while True:
+            if stop.is_set():
+                return None
+            try:
+                page = self._rest.list(self._resource, namespace=self._namespace, query=query)
+            except ApiError as exc:
+                if "continue" not in query or exc.status != 410:
+                    raise
+                items = {}  # of another snapshot than the listing that follows
+                if self._snapshots and restarts > 0:
+                    log.info("list continue token expired, listing again from the start",
+                             informer=self._name)
+                    return self._list_at("", stop, restarts=restarts - 1)
+                log.info("list continue token expired, listing again in one page",
+                         informer=self._name)
+                page = self._rest.list(self._resource, namespace=self._namespace,
+                                       query={**first, "limit": None})
+                self._collect(page, items)
+                return items, _version(page), paginated
+            self._collect(page, items)
+            token = (page.get("metadata") or {}).get("continue") or None
+            listed = _version(page)
+            del page  # this page's whole objects go before the next one is decoded
+            if token is None:
+                return items, listed, paginated
+            query = {**self._selectors, "limit": limit, "continue": token}
+            paginated = True
+
+    def _collect(self, page: Mapping[str, Any], items: dict[str, Object]) -> None:
+        # List items carry no apiVersion/kind; fill them in so cached objects look the
+        # same whether they came from a LIST or a watch event.
+        api_version = page.get("apiVersion")
+        list_kind = str(page.get("kind", ""))
+        kind = list_kind.removesuffix("List") if list_kind.endswith("List") else None
+        for item in page.get("items") or []:
+            if api_version and "apiVersion" not in item:
+                item["apiVersion"] = api_version
+            if kind and "kind" not in item:
+                item["kind"] = kind
+            kept = apply(self._transform, item, informer=self._name, shared=self._shared)
+            if kept is not None:
+                items[object_key(kept)] = kept
+
+
+def _version(page: Mapping[str, Any]) -> str:
+    return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def lists_from_snapshots(rest: RestClient, *, pages: str = "auto") -> bool:
+    """Whether to list in pages served by the watch cache: ``pages="off"`` never (no
+    request: the rules that spare etcd on every server); ``"auto"`` when the server's
+    ``/version`` says 1.34 or later (its major/minor, else its gitVersion; False when it
+    does not say). Asked once per process.
+
+    Why a switch: on 1.34+ a continue page comes from the cache only while the answering
+    apiserver still holds the first page's snapshot: not with ListFromCacheSnapshot
+    turned off, nor when a load balancer sends the pages of one list to different
+    apiservers. There the pages after the first are read from etcd."""
+    if pages not in LIST_PAGES:
+        raise ValueError(f"list pages must be one of {', '.join(LIST_PAGES)}")
+    if pages == "off":
+        return False
+    try:
+        info = rest.request("GET", "/version", timeout=15.0)
+    except (ApiError, TransportError) as exc:
+        log.info("server version unknown: lists of the watch cache come in one page",
+                 error=str(exc))
+        return False
+    major, minor = _leading_int(info.get("major")), _leading_int(info.get("minor"))
+    if major is None or minor is None:  # some servers fill in gitVersion only
+        major, minor = _git_version(info.get("gitVersion"))
+    snapshots = major is not None and minor is not None and (major, minor) >= (
+        1, SNAPSHOT_MINOR)
+    log.info("server version", version=str(info.get("gitVersion", ""))[:40],
+             paginated_lists_from_cache=snapshots)
+    return snapshots
+
+
+def _git_version(value: Any) -> tuple[int | None, int | None]:
+    """(major, minor) of a gitVersion such as "v1.34.2-eks-1", else (None, None)."""
+    parts = str(value or "").removeprefix("v").split(".")
+    if len(parts) < 2:
+        return None, None
+    return _leading_int(parts[0]), _leading_int(parts[1])
+
+
+def _leading_int(value: Any) -> int | None:
+    """The number a ``/version`` field starts with ("34+" on some managed offerings)."""
+    digits = ""
+    for char in str(value or ""):
+        if not char.isdigit():
+            break
+        digits += char
+    return int(digits) if digits else None

@@ -1,0 +1,136 @@
+"""Credentials for the apiserver, kept current as they rotate: a token, a token file.
+
+A ``Credentials`` source answers ``current()`` with what a request carries (an
+Authorization header value, and for a credential plugin perhaps a client certificate)
+and hears of a 401 through ``refused()``. The transport asks it once per refresh period
+(``transport.REFRESH_SECONDS``), never per request, so a source may do some work: a
+token file is re-read once a minute, as client-go does (a bound ServiceAccount token is
+rotated by the kubelet long before it expires), and at once after a 401; a credential
+plugin (``execcredential.py``) runs again before its credential expires.
+
+Sources are shared by every client built from one configuration (the operator's main,
+Events and leader-election clients), so they are thread-safe. Nothing here logs a token
+or puts one in an exception.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from himitsu_controller.runtime.client.errors import TransportError
+
+__all__ = ["NO_CREDENTIALS", "Auth", "ClientCert", "CredentialError", "Credentials",
+           "StaticCredentials", "TokenFile", "bearer"]
+
+log = structlog.get_logger(__name__)
+
+# client-go re-reads a token file once a minute (transport.NewCachedFileTokenSource).
+TOKEN_FILE_PERIOD = 60.0
+
+
+class CredentialError(TransportError):
+    """The credentials could not be had just now (a plugin failed): the request is not sent."""
+
+
+@dataclass(frozen=True)
+class ClientCert:
+    """A client certificate and its key, PEM, as a credential plugin hands them over."""
+
+    cert_pem: bytes = field(repr=False)
+    key_pem: bytes = field(repr=False)  # never in a log line or a traceback
+
+
+@dataclass(frozen=True)
+class Auth:
+    """What a request carries: an Authorization header value, a client certificate."""
+
+    authorization: str | None = field(default=None, repr=False)
+    cert: ClientCert | None = None
+
+
+class Credentials(Protocol):
+    def current(self) -> Auth:
+        """The credentials to use now (may run a plugin; CredentialError if it fails)."""
+        ...
+
+    def refused(self, auth: Auth) -> None:
+        """The apiserver answered 401 to a request that carried ``auth``."""
+        ...
+
+
+class StaticCredentials:
+    """The same credentials for good (a kubeconfig's token, or none)."""
+
+    def __init__(self, auth: Auth) -> None:
+        self._auth = auth
+
+    def current(self) -> Auth:
+        return self._auth
+
+    def refused(self, auth: Auth) -> None:
+        pass
+
+
+NO_CREDENTIALS = StaticCredentials(Auth())
+
+
+def bearer(token: str) -> StaticCredentials:
+    return StaticCredentials(Auth(f"Bearer {token}"))
+
+
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a character no HTTP header value may (a line break...)."""
+    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
+
+
+def read_token(path: str) -> str:
+    """The token in ``path`` (surrounding whitespace stripped); OSError or ValueError
+    (naming the path only) if there is none or it holds a control character."""
+    with open(path, encoding="utf-8") as file:
+        token = file.read().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    if has_control_character(token):
+        raise ValueError(f"token file {path} contains a control character")
+    return token
+
+
+class TokenFile:
+    """A bearer token read from a file, re-read every ``period`` seconds and after a 401.
+
+    The first read happens here (OSError/ValueError: the configuration is unusable).
+    Later, a file that cannot be read keeps the last token in use (logged, path only),
+    as client-go does: a rotation in progress must not stop every request.
+    """
+
+    def __init__(self, path: str, *, period: float = TOKEN_FILE_PERIOD,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._period = period
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._auth = Auth(f"Bearer {read_token(path)}")
+        self._next_read = clock() + period
+
+    def current(self) -> Auth:
+        with self._lock:
+            now = self._clock()
+            if now >= self._next_read:
+                self._next_read = now + self._period
+                try:
+                    self._auth = Auth(f"Bearer {read_token(self.path)}")
+                except (OSError, ValueError, UnicodeDecodeError) as exc:
+                    log.warning("cannot re-read the token file, keeping the last token",
+                                path=self.path, error=type(exc).__name__)
+            return self._auth
+
+    def refused(self, auth: Auth) -> None:
+        with self._lock:
+            if auth == self._auth:  # not a token already replaced meanwhile
+                self._next_read = float("-inf")

@@ -1,0 +1,358 @@
+"""Raw JSON over our own HTTP transport (``httpclient.py``, ``transport.py``).
+
+Why not the official ``kubernetes`` client: its generated API classes are, in 37.x,
+pydantic models, several times slower to build and larger to keep than the JSON dicts the
+apiserver sends, and a controller that caches every object it watches pays that on every
+event; importing the package alone costs ~16 MiB. All the operator needs is JSON over
+one urllib3 pool with the cluster's TLS settings and credentials, so that is what it
+has: ``kubeconfig.py`` loads the configuration, ``httpclient.py`` holds the pool,
+``transport.py`` sends requests with headers and credentials rebuilt once a second
+instead of per request (bench/rest_cost.py measures the request path).
+
+Why our own rate limiter and 429 handling: client-go limits every client to a token
+bucket (QPS/burst) so a controller cannot flood the apiserver after a restart, and honours
+Retry-After on 429. The Python client does neither. Watches are long-lived and exempt,
+as in client-go.
+
+Why a write gate: with leader election, the reconcilers' client asks ``write_gate``
+(``writegate.WriteGate.admit``) immediately before every write leaves, after the rate
+limiter's wait and any Retry-After sleep, and refuses (``WriteRefused``) once the
+replica can no longer vouch that it holds the Lease. Such a write is sent once (no
+urllib3 retry re-sends it later, behind a proxy too) and is over by the time the gate
+gave it: an overall deadline (``deadline.py``) aborts it then, however its connection
+hangs, so it cannot reach the apiserver after a standby may have taken the Lease.
+
+The errors, the configuration loader, the client and the watch stream live in sibling
+modules and are re-exported here: callers need only ``runtime.rest``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import http.client
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import structlog
+import urllib3
+
+from himitsu_controller.runtime.client.credentials import bearer
+from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
+from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
+from himitsu_controller.runtime.client.kubeconfig import (
+    ConfigError,
+    load_api_client,
+    load_client_config,
+    new_api_client,
+)
+from himitsu_controller.runtime.client.transport import REFRESH_SECONDS, LeanTransport, encode_body
+from himitsu_controller.runtime.client.watchstream import WatchStream
+from himitsu_controller.runtime.leader.writegate import WriteGate
+
+__all__ = [
+    "APPLY_PATCH",
+    "JSON_PATCH",
+    "MERGE_PATCH",
+    "ApiError",
+    "ClientConfig",
+    "ConfigError",
+    "HttpClient",
+    "Resource",
+    "RestClient",
+    "TokenBucket",
+    "TransportError",
+    "WatchStream",
+    "WriteRefused",
+    "bearer",
+    "load_api_client",
+    "load_client_config",
+    "new_api_client",
+]
+
+log = structlog.get_logger(__name__)
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+_VERB_BY_METHOD = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
+                   "DELETE": "delete"}
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A resource type addressed by group/version/plural ("" group is the core API)."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        for segment in (namespace, name):
+            # Quoting cannot save these: "" turns a GET of one object into a LIST, and
+            # urllib3 resolves "." and ".." as dot segments, so secrets/.. would read
+            # the Namespace and namespaces/../secrets every Secret in the cluster.
+            if segment is not None and segment in ("", ".", ".."):
+                raise ValueError(f"{segment!r} is not a namespace or object name")
+        prefix = f"/api/{self.version}" if self.group == "" else \
+            f"/apis/{self.group}/{self.version}"
+        if namespace is not None:
+            if not self.namespaced:
+                raise ValueError(f"{self.plural} is cluster-scoped: no namespace")
+            prefix += f"/namespaces/{quote(namespace, safe='')}"
+        path = f"{prefix}/{self.plural}"
+        if name is not None:
+            path += f"/{quote(name, safe='')}"
+        if subresource is not None:
+            if name is None:
+                raise ValueError("a subresource needs a name")
+            path += f"/{subresource}"
+        return path
+
+
+class TokenBucket:
+    """client-go's QPS/burst limiter (reservation semantics, like golang.org/x/time/rate).
+
+    A caller takes a token, possibly going into debt, then sleeps for the debt outside the
+    lock: callers are served in arrival order and nobody spins.
+    """
+
+    def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError("qps must be > 0 and burst >= 1")
+        self._qps = qps
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._clock = clock
+        self._sleep = sleep
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def reserve(self) -> float:
+        """Take a token; return how long the caller must wait before using it."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._burst, self._tokens + (now - self._last) * self._qps)
+            self._last = now
+            self._tokens -= 1.0
+            return max(0.0, -self._tokens / self._qps)
+
+    def accept(self) -> None:
+        delay = self.reserve()
+        if delay > 0:
+            self._sleep(delay)
+
+
+def _encode_query(query: Mapping[str, Any] | None) -> str:
+    pairs: list[tuple[str, str]] = []
+    for key, value in (query or {}).items():
+        if value is None:
+            continue
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        pairs.append((key, text))
+    return urlencode(pairs, quote_via=quote)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    if not data:
+        return {}
+    decoded = json.loads(data)
+    return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+class RestClient:
+    """JSON requests to the apiserver with client-go's client-side behaviour.
+
+    Thread-safe: share one per process (and a separate one for leader election, so Lease
+    renewals never queue behind a burst of ordinary requests in the rate limiter). Build
+    the HttpClient with ``load_api_client``/``new_api_client``.
+    """
+
+    def __init__(self, api_client: HttpClient, *, qps: float = 50.0, burst: int = 100,
+                 user_agent: str | None = None, max_retries: int = 10,
+                 credentials_refresh: float = REFRESH_SECONDS,
+                 write_gate: WriteGate | None = None, request_deadlines: bool = False,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """``credentials_refresh``: seconds headers and credentials are reused;
+        ``max_retries``: 429s retried after their Retry-After; ``write_gate``: asked to
+        admit each write; ``request_deadlines``: each request's timeout bounds the whole
+        request, not each socket operation (the leader elector's)."""
+        self.api_client = api_client
+        self._write_gate = write_gate
+        self._request_deadlines = request_deadlines
+        self._limiter = TokenBucket(qps, burst, clock=clock, sleep=sleep) if qps > 0 else None
+        self._transport = LeanTransport(api_client, user_agent=user_agent,
+                                        refresh_every=credentials_refresh, clock=clock)
+        self._max_retries = max_retries
+        self._sleep = sleep
+        self._counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+
+    @property
+    def host(self) -> str:
+        return self.api_client.host
+
+    @property
+    def request_counts(self) -> dict[str, int]:
+        """Requests sent so far by verb (get, list, watch, create, update, patch, delete)."""
+        with self._counts_lock:
+            return dict(self._counts)
+
+    def _count(self, verb: str) -> None:
+        with self._counts_lock:
+            self._counts[verb] += 1
+
+    def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+                body: Any = None, content_type: str | None = None, timeout: float = 30.0,
+                verb: str | None = None) -> dict[str, Any]:
+        """Send one request; return the decoded JSON body or raise ApiError/TransportError.
+
+        A 429 carrying Retry-After is retried after that delay, at most ``max_retries``
+        times (as client-go does); anything else non-2xx raises ApiError at once.
+        """
+        method = method.upper()
+        if content_type == JSON_PATCH and not isinstance(body, builtins.list):
+            # A JSON patch is a list of operations: refuse to send anything else (the
+            # kubernetes client's REST layer silently sent a strategic-merge patch).
+            raise ValueError("a JSON patch body must be a list of operations")
+        verb = verb or _VERB_BY_METHOD.get(method, method.lower())
+        attempt = 0
+        while True:
+            if self._limiter is not None:
+                self._limiter.accept()
+            status, data, headers = self._send(method, path, query=query, body=body,
+                                               content_type=content_type, timeout=timeout,
+                                               verb=verb)
+            if 200 <= status < 300:
+                return _decode(data)
+            error = ApiError.from_response(status, data, headers)
+            if status != 429 or error.retry_after is None or attempt >= self._max_retries:
+                raise error
+            attempt += 1
+            log.info("apiserver throttled the request, retrying", verb=verb,
+                     retry_after=error.retry_after, attempt=attempt)
+            self._sleep(error.retry_after)
+
+    def _admit(self, method: str, path: str) -> float | None:
+        """None: not a gated write; else the seconds this write may take in all."""
+        if self._write_gate is None or method not in _WRITE_METHODS:
+            return None
+        allowed = self._write_gate.admit()
+        if allowed is None:
+            raise WriteRefused(f"{method} {path}: not sent, this replica is not leading")
+        return allowed
+
+    def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None, body: Any,
+              content_type: str | None, timeout: float, verb: str,
+              ) -> tuple[int, bytes, Mapping[str, str]]:
+        route = self._transport.route()
+        if content_type is None and body is not None:
+            content_type = JSON
+        encoded = encode_body(body, content_type)
+        query_text = _encode_query(query)
+        gated = self._admit(method, path)  # the last thing before the request leaves
+        self._count(verb)
+        if gated is None:
+            return self._transport.send(route, method, path, query_text, body=encoded,
+                                        content_type=content_type, timeout=timeout,
+                                        deadline=self._request_deadlines)
+        # A gated write: sent once, and over (aborted if need be) when the gate said;
+        # the gate counts it in flight until then.
+        assert self._write_gate is not None
+        answered = False
+        try:
+            answer = self._transport.send(route, method, path, query_text, body=encoded,
+                                          content_type=content_type,
+                                          timeout=min(timeout, gated), deadline=True,
+                                          once=True)
+            answered = True
+            return answer
+        finally:
+            self._write_gate.done(answered=answered)
+
+    def watch(self, path: str, *, query: Mapping[str, Any] | None = None,
+              read_timeout: float = 90.0, connect_timeout: float = 10.0) -> WatchStream:
+        """Open a watch (not rate limited); the caller iterates and closes the stream."""
+        watch_query = dict(query or {})
+        watch_query["watch"] = "true"
+        self._count("watch")
+        response = self._transport.open("GET", path, _encode_query(watch_query),
+                                        connect_timeout=connect_timeout,
+                                        read_timeout=read_timeout)
+        if not 200 <= response.status < 300:
+            try:
+                data = response.read()
+            except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError):
+                data = b""
+            finally:
+                response.release_conn()
+            raise ApiError.from_response(response.status, data, dict(response.headers))
+        assert isinstance(response, urllib3.HTTPResponse)
+        return WatchStream(response)
+
+    # Convenience verbs on a Resource. The namespace defaults to the body's own.
+
+    def get(self, resource: Resource, name: str, *, namespace: str | None = None,
+            query: Mapping[str, Any] | None = None, subresource: str | None = None,
+            timeout: float = 30.0) -> dict[str, Any]:
+        return self.request("GET", resource.path(namespace, name, subresource), query=query,
+                            timeout=timeout, verb="get")
+
+    def create(self, resource: Resource, body: Mapping[str, Any], *,
+               namespace: str | None = None, query: Mapping[str, Any] | None = None,
+               timeout: float = 30.0) -> dict[str, Any]:
+        namespace = namespace if namespace is not None else _body_namespace(resource, body)
+        return self.request("POST", resource.path(namespace), query=query, body=body,
+                            timeout=timeout, verb="create")
+
+    def update(self, resource: Resource, body: Mapping[str, Any], *,
+               namespace: str | None = None, name: str | None = None,
+               subresource: str | None = None, query: Mapping[str, Any] | None = None,
+               timeout: float = 30.0) -> dict[str, Any]:
+        """PUT; the body's metadata.resourceVersion makes it conditional (409 if stale)."""
+        namespace = namespace if namespace is not None else _body_namespace(resource, body)
+        name = name if name is not None else str(body.get("metadata", {}).get("name", ""))
+        if not name:
+            raise ValueError("update needs a name (argument or body metadata.name)")
+        return self.request("PUT", resource.path(namespace, name, subresource), query=query,
+                            body=body, timeout=timeout, verb="update")
+
+    def patch(self, resource: Resource, name: str, patch: Any, *,
+              namespace: str | None = None, content_type: str = MERGE_PATCH,
+              subresource: str | None = None, query: Mapping[str, Any] | None = None,
+              timeout: float = 30.0) -> dict[str, Any]:
+        """PATCH with a merge (default), JSON or apply (pass fieldManager in query) patch."""
+        return self.request("PATCH", resource.path(namespace, name, subresource), query=query,
+                            body=patch, content_type=content_type, timeout=timeout,
+                            verb="patch")
+
+    def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
+               body: Mapping[str, Any] | None = None, query: Mapping[str, Any] | None = None,
+               timeout: float = 30.0) -> dict[str, Any]:
+        return self.request("DELETE", resource.path(namespace, name), query=query, body=body,
+                            timeout=timeout, verb="delete")
+
+    # Last: a method named ``list`` shadows the builtin for annotations below it.
+    def list(self, resource: Resource, *, namespace: str | None = None,
+             query: Mapping[str, Any] | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        """One LIST request (one page when ``query`` has a limit); the raw List object."""
+        return self.request("GET", resource.path(namespace), query=query, timeout=timeout,
+                            verb="list")
+
+
+def _body_namespace(resource: Resource, body: Mapping[str, Any]) -> str | None:
+    if not resource.namespaced:
+        return None
+    namespace = body.get("metadata", {}).get("namespace")
+    return str(namespace) if namespace else None

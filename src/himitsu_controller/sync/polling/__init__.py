@@ -1,0 +1,1 @@
+"""Polling Himitsu: shared conditional polls, pacing, the poll schedule and lag."""

@@ -1,0 +1,287 @@
+"""Shared polls: one conditional request per source per refresh window, however many read it.
+
+Himitsu allows 120 requests a minute per API key, 304s included. A hundred
+HimitsuSecrets that read one environment with one token would spend that budget alone
+at a 1m refresh. So every request goes through a ``SharedPoller`` keyed by the *source*
+(API URL, project, environment, sha256 of the token): whoever holds the token may see
+what it reads, so sharing across HimitsuSecrets (and namespaces) with the same token
+leaks nothing, and different tokens never share.
+
+For each source the poller keeps the last answer and the secrets it saw. A caller that
+accepts an answer up to ``max_age`` seconds old is served from that cache; otherwise one
+request is made (concurrent callers wait for it: single flight), conditional on the
+version the poller holds secrets for, else on the caller's own (the version its target
+holds). So a HimitsuSecret that needs a full fetch (its target was deleted) is usually
+served by a 304 plus the cached secrets, and after a restart, with nothing cached, a
+target in sync is confirmed by a 304 too: no secret material on the wire in either case.
+
+A source's secrets are held once, however many read them, and as one bytes string (the
+JSON text of the answer, ~a third of the dict it decodes to): decoded again only for a
+reader that needs them whole (a first sync, a repair, a change), never for a 304.
+
+Memory follows live objects: each caller names itself (``reader``), and a source's
+entry, secrets included, is dropped when its last reader is ``release``d (the reconciler
+does it when a HimitsuSecret is gone), never while a request for it is in flight.
+Entries fetched without a reader are dropped once idle for an hour. A HimitsuSecret
+with refreshInterval 0 stays a reader for its whole life, on purpose: the memory is what
+rebuilds its target, deleted while Himitsu fails, without a request (``remembered``).
+
+An answer's age counts from the moment its request was sent: Himitsu's data is at least
+that recent, and a caller that joined a flight sent before it arrived sees an age above
+zero (the reconciler revalidates a first sync or a repair that took such an answer).
+
+Requests are also paced below Himitsu's limits (``sync.pacing``): a request that does not
+fit is not sent; the caller gets a ``LocallyRateLimited`` naming the source's own place
+in line, which the reconciler turns into a quiet requeue until then, not a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+from himitsu_controller import himitsu
+from himitsu_controller.sync.polling.pacing import LocallyRateLimited, Pacer
+
+__all__ = ["Blocked", "Client", "LocallyRateLimited", "SharedPoller"]
+
+IDLE_TTL = 3600.0
+FAILURE_HOLD = 1.0  # a source whose request failed (5xx, transport) is not asked again sooner
+
+
+class Client(Protocol):
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None,
+    ) -> himitsu.FetchResult: ...
+
+
+class Blocked(LocallyRateLimited):
+    """The request was not sent: Himitsu refused this source's last request (a 429 until
+    its Retry-After, a 5xx or a transport error for ``FAILURE_HOLD``). The reader whose
+    request it was had that error; the others wait as they would for our own pacing, so
+    a mass repair during an outage costs one request per source, not one per object."""
+
+
+@dataclass
+class _Entry:
+    at: float = 0.0
+    version: int | None = None
+    secrets: bytes | None = field(default=None, repr=False)  # ``_pack``ed
+    blocked_until: float = 0.0
+    refusal: str = "rate limited by the Himitsu API"  # why blocked (the failure said the rest)
+    jitter: float = 0.0  # drawn once per request; see ``SharedPoller``
+    readers: set[str] = field(default_factory=set)
+    released: bool = False  # its last reader left while a request was in flight
+
+
+@dataclass
+class _Flight:
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class SharedPoller:
+    """Every answer carries the age of the request behind it and one requeue jitter drawn
+    for that request (``rng``), so all readers of a source schedule their next poll for
+    the same moment and share it again, round after round. ``pacer`` is the one the
+    client's retries reserve from (``HimitsuClient(pacing=...)``): one line per key."""
+
+    def __init__(
+        self, client: Client, *, clock: Callable[[], float] = time.monotonic,
+        pacer: Pacer | None = None, flight_timeout: float = 60.0,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._rng = rng
+        self._pacer = pacer if pacer is not None else Pacer(clock=clock)
+        self._flight_timeout = flight_timeout
+        self._entries: dict[str, _Entry] = {}
+        self._readers: dict[str, str] = {}  # reader -> the source it reads
+        self._flights: dict[str, _Flight] = {}
+        self._lock = threading.Lock()
+
+    def fetch(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known_version: int | None, max_age: float = 0.0, reader: str | None = None,
+    ) -> himitsu.FetchResult:
+        """An answer no older than ``max_age``; NotModified only when ``known_version``
+        (the version the caller's target holds) is current. ``reader`` names the caller
+        (a HimitsuSecret's key) until ``release``."""
+        source = himitsu.source_fingerprint(api_url, project_id, environment_id, token)
+        while True:
+            with self._lock:
+                if reader is not None:
+                    self._enlist(reader, source)
+                answer = self._cached(source, known_version, max_age)
+                if answer is not None:
+                    return answer
+                flight = self._flights.get(source)
+                if flight is None:
+                    flight = self._flights[source] = _Flight()
+                    break
+            # Someone is asking Himitsu right now: their answer is as fresh as ours would be.
+            flight.done.wait(self._flight_timeout)
+            if flight.error is not None:
+                raise flight.error
+            max_age = float("inf")
+        try:
+            return self._request(source, api_url=api_url, project_id=project_id,
+                                 environment_id=environment_id, token=token,
+                                 known=known_version)
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                self._flights.pop(source, None)
+                entry = self._entries.get(source)
+                if entry is not None and entry.released and not entry.readers:
+                    del self._entries[source]
+            flight.done.set()
+
+    def remembered(
+        self, *, api_url: str, project_id: str, environment_id: str, token: str,
+    ) -> himitsu.Fetched | None:
+        """The secrets held for this exact source (the token's hash included), with their
+        age, whatever it is; None when none are held. For a target that must be written
+        while Himitsu cannot be asked: a missing Secret is worse than a stale one."""
+        source = himitsu.source_fingerprint(api_url, project_id, environment_id, token)
+        with self._lock:
+            entry = self._entries.get(source)
+            if entry is None or entry.secrets is None or entry.version is None:
+                return None
+            return himitsu.Fetched(version=entry.version, secrets=_unpack(entry.secrets),
+                                   age=max(0.0, self._clock() - entry.at), jitter=entry.jitter)
+
+    def release(self, reader: str) -> None:
+        """``reader`` reads nothing any more; its source's entry goes with its last reader."""
+        with self._lock:
+            source = self._readers.pop(reader, None)
+            if source is not None:
+                self._leave(reader, source)
+
+    def _enlist(self, reader: str, source: str) -> None:
+        previous = self._readers.get(reader)
+        if previous != source:
+            self._readers[reader] = source
+            if previous is not None:
+                self._leave(reader, previous)
+        entry = self._entries.setdefault(source, _Entry())
+        entry.readers.add(reader)
+        entry.released = False
+
+    def _leave(self, reader: str, source: str) -> None:
+        entry = self._entries.get(source)
+        if entry is None:
+            return
+        entry.readers.discard(reader)
+        if not entry.readers:
+            if source in self._flights:
+                entry.released = True  # dropped when the request in flight is answered
+            else:
+                del self._entries[source]
+
+    def _cached(
+        self, source: str, known: int | None, max_age: float,
+    ) -> himitsu.FetchResult | None:
+        entry = self._entries.get(source)
+        if entry is None:
+            return None
+        now = self._clock()
+        age = now - entry.at
+        if max_age > 0 and age <= max_age:  # a 429 since takes nothing away from an answer
+            answer = _answer(entry, known, age)
+            if answer is not None:
+                return answer
+        if entry.blocked_until > now:  # Himitsu answered 429 for this source: everyone waits
+            wait = entry.blocked_until - now
+            raise Blocked(
+                f"{entry.refusal}, retrying in {max(1, round(wait))} s",
+                retry_after=wait)
+        return None
+
+    def _request(
+        self, source: str, *, api_url: str, project_id: str, environment_id: str, token: str,
+        known: int | None,
+    ) -> himitsu.FetchResult:
+        """Ask Himitsu once and remember the answer. Conditional on the version whose
+        secrets the poller holds (a 304 serves every reader), else on the caller's own:
+        after a restart, a failover or an eviction a target in sync is confirmed by a 304
+        instead of re-read in full."""
+        wait = self._pacer.admit(source, himitsu.validate_api_url(api_url),
+                                 himitsu.pacing_key(api_url, token))
+        if wait > 0:
+            raise LocallyRateLimited("Himitsu request pace for this token or API reached",
+                                     retry_after=wait)
+        with self._lock:
+            entry = self._entries.setdefault(source, _Entry())
+            held = entry.version if entry.secrets is not None else known
+            sent = self._clock()
+        try:
+            result = self._client.fetch(
+                api_url=api_url, project_id=project_id, environment_id=environment_id,
+                token=token, known_version=held)
+        except himitsu.RateLimited as exc:
+            with self._lock:
+                entry.blocked_until = self._clock() + float(exc.retry_after)
+                entry.refusal = "rate limited by the Himitsu API"
+            raise
+        except (himitsu.ServerError, himitsu.TransportError):
+            with self._lock:
+                entry.blocked_until = self._clock() + FAILURE_HOLD
+                entry.refusal = "the Himitsu API failed a moment ago"
+            raise
+        with self._lock:
+            # ``entry`` is ours for the flight (it is never dropped meanwhile, and if it
+            # were, the answer below is still the one Himitsu gave to this request).
+            entry.at = sent
+            entry.jitter = self._rng()
+            entry.blocked_until = 0.0
+            if isinstance(result, himitsu.Fetched):
+                entry.version, entry.secrets = result.version, _pack(result.secrets)
+            elif result.version != entry.version:
+                entry.version, entry.secrets = result.version, None
+            answer = _answer(entry, known, max(0.0, self._clock() - sent))
+            self._evict_idle(entry.at)
+        if answer is None:  # a 304 for a version we did not send: the client refuses those
+            raise himitsu.Undecodable("the Himitsu API answered 304 to an unconditional request")
+        return answer
+
+    def _evict_idle(self, now: float) -> None:
+        """Entries nobody reads by name (no ``reader``) and nobody is asking for."""
+        if len(self._entries) < 64:
+            return
+        for source in [s for s, e in self._entries.items()
+                       if now - e.at > IDLE_TTL and not e.readers and s not in self._flights]:
+            del self._entries[source]
+
+
+def _answer(entry: _Entry, known: int | None, age: float) -> himitsu.FetchResult | None:
+    """What ``entry`` can tell a caller whose target holds ``known``, if anything."""
+    if entry.version is None:
+        return None
+    if known is not None and known == entry.version:
+        return himitsu.NotModified(version=entry.version, age=age, jitter=entry.jitter)
+    if entry.secrets is not None:
+        return himitsu.Fetched(version=entry.version, secrets=_unpack(entry.secrets), age=age,
+                               jitter=entry.jitter)
+    return None
+
+
+def _pack(secrets: Mapping[str, str]) -> bytes:
+    """The secrets as compact JSON (ASCII escapes: a lone surrogate Himitsu sent round-trips,
+    for render to refuse by name)."""
+    return json.dumps(dict(secrets), ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _unpack(packed: bytes) -> Mapping[str, str]:
+    secrets: dict[str, str] = json.loads(packed)
+    return MappingProxyType(secrets)

@@ -1,0 +1,309 @@
+"""What the target Secret should look like, and whether the one we have can be trusted.
+
+Pure functions over raw Secret dicts, kept apart from the reconcile flow so the rules
+that protect users' data (who owns a Secret, which keys are ours, when a conditional
+request is safe) can be read and tested on their own.
+
+A Secret read from the informer is its summary (``sync.summary``: digests, no values):
+every check here reads summaries and whole Secrets alike; only a write is built on a
+whole Secret (``desired_secret`` refuses a summary).
+
+Ownership is recorded on the Secret itself (``himitsu.io/owned-by``), not only in an
+ownerReference, because Merge targets carry no ownerReference and the operator must
+still tell its keys from everyone else's after a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from himitsu_controller import api
+from himitsu_controller.sync import summary
+from himitsu_controller.sync.target.render import data_hash
+
+_ANY: Any = object()  # holds_stamps: any rollout salt will do
+
+
+class TargetConflict(Exception):
+    """The target belongs to someone else; the message says who, never any value."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The HimitsuSecret a target is written for: enough to stamp and reference it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def annotations_of(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not secret:
+        return {}
+    return (secret.get("metadata") or {}).get("annotations") or {}
+
+
+def labels(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
+    if not secret:
+        return {}
+    return (secret.get("metadata") or {}).get("labels") or {}
+
+
+def owned_by(secret: Mapping[str, Any] | None) -> str | None:
+    value = annotations_of(secret).get(api.ANN_OWNED_BY)
+    return value or None
+
+
+def managed_keys(secret: Mapping[str, Any] | None) -> list[str]:
+    raw = annotations_of(secret).get(api.ANN_MANAGED_KEYS, "")
+    return sorted({k for k in raw.split(",") if k})
+
+
+def check_ownership(
+    secret: Mapping[str, Any] | None, *, owner: Owner, policy: str,
+    himitsu_secret_exists: Callable[[str], bool],
+) -> None:
+    """Raise TargetConflict when writing ``secret`` would take it from its rightful owner."""
+    if secret is None:
+        return
+    meta = secret.get("metadata") or {}
+    if api.ANN_ALLOWED_API_URLS in annotations_of(secret):
+        # A token Secret is nobody's target, whatever the policy: its owner wrote the
+        # binding, and a write of ours would carry another author's keys into it.
+        raise TargetConflict(
+            f"Secret {meta.get('name', '')!r} is a Himitsu token Secret (it carries "
+            f"{api.ANN_ALLOWED_API_URLS}) and is never a target; point target.name at "
+            "another Secret")
+    if owner.uid and _has_our_controller_ref(meta, uid=owner.uid):
+        # Ours whatever else was done to it: a GitOps tool pruning the labels and
+        # annotations we stamp (they are put back) does not make it someone else's.
+        return
+    name = meta.get("name", "")
+    holder = owned_by(secret)
+    if holder and holder != owner.name and himitsu_secret_exists(holder):
+        raise TargetConflict(
+            f"Secret {name!r} is already managed by HimitsuSecret {holder!r}; "
+            "point this HimitsuSecret at another target or delete the other one"
+        )
+    if policy == "Owner" and not _created_by_operator(secret):
+        raise TargetConflict(
+            f"Secret {name!r} already exists and was not created by himitsu-operator; "
+            "creationPolicy Owner never adopts an existing Secret (use creationPolicy: Merge "
+            "to add keys to it, or delete it to let the operator create it)"
+        )
+
+
+def _created_by_operator(secret: Mapping[str, Any]) -> bool:
+    # Our label and owned-by are also stamped on a foreign Secret we merged keys into;
+    # only the managed-by label we set on creation (or our controller reference) says we
+    # created it, so an Owner HimitsuSecret never wipes, say, a Helm Secret's keys.
+    if labels(secret).get(api.LABEL_MANAGED) != "true" or owned_by(secret) is None:
+        return False
+    return (labels(secret).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE
+            or _has_our_controller_ref(secret.get("metadata") or {}))
+
+
+def _is_our_controller_ref(ref: Any) -> bool:
+    return (isinstance(ref, Mapping) and bool(ref.get("controller"))
+            and ref.get("kind") == api.KIND
+            and str(ref.get("apiVersion", "")).startswith(f"{api.GROUP}/"))
+
+
+def _has_our_controller_ref(meta: Mapping[str, Any], *, uid: str | None = None) -> bool:
+    """A controller reference to a HimitsuSecret (with ``uid``: to that one)."""
+    return any(_is_our_controller_ref(r) and (uid is None or r.get("uid") == uid)
+               for r in meta.get("ownerReferences") or [])
+
+
+def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str) -> list[str]:
+    """Keys of ``secret`` this operator wrote last time (all of them for an Owner target)."""
+    if secret is None or owned_by(secret) is None:
+        return []
+    # Judged by how the target was written, not only by the policy now asked for: an
+    # Owner target (our controller reference, no managed-keys record) holds only our
+    # keys, so a HimitsuSecret moved from Owner to Merge still knows them as its own.
+    written_as_owner = (api.ANN_MANAGED_KEYS not in annotations_of(secret)
+                        and _has_our_controller_ref(secret.get("metadata") or {}))
+    if policy == "Owner" or written_as_owner:
+        return summary.keys_of(secret)
+    return managed_keys(secret)
+
+
+def is_consistent(
+    secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec, version: int | None,
+) -> bool:
+    """True when the target still holds exactly what we wrote for this spec at ``version``.
+
+    Only then is a conditional request safe: a 304 would otherwise confirm data that is
+    not there (deleted target, hand edits, a target written for another environment).
+    """
+    return (holds_data(secret, owner=owner, spec=spec, version=version)
+            and holds_stamps(secret, owner=owner, spec=spec))
+
+
+def holds_data(
+    secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec, version: int | None,
+) -> bool:
+    """The target's data is what we wrote for this spec's source at ``version``, whatever
+    became of its labels and annotations: rewriting it from that answer changes no value."""
+    if secret is None or version is None:
+        return False
+    return (annotations_of(secret).get(api.ANN_CONFIG_VERSION) == str(version)
+            and holds_own_data(secret, owner=owner, spec=spec))
+
+
+def holds_own_data(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
+    """The target's data is what we wrote for this spec's source at the version its
+    annotation names (its ``himitsu.io/data-hash`` is its data's), whichever that is."""
+    if secret is None:
+        return False
+    ann = annotations_of(secret)
+    recorded = ann.get(api.ANN_DATA_HASH)
+    return (
+        recorded is not None
+        and owned_by(secret) == owner.name
+        and secret.get("type", "Opaque") == spec.target.type
+        and ann.get(api.ANN_SOURCE) == spec.source_hash()
+        and summary.holds_hash(
+            secret, our_previous_keys(secret, policy=spec.target.creation_policy), recorded)
+    )
+
+
+def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
+                 salt: str | None = _ANY) -> bool:
+    """Every label, annotation and reference we stamp is still there: a pruned one (a
+    GitOps tool's doing) is put back by the full sync a mismatch asks for, and a removed
+    controller reference would leave the Secret to outlive its owner. With workloads to
+    restart, that includes the rollout salt ``salt`` (None: none we trust is there yet;
+    left out: any)."""
+    if secret is None:
+        return False
+    meta = secret.get("metadata") or {}
+    have_salt = annotations_of(secret).get(api.ANN_ROLLOUT_SALT)
+    return (
+        _holds(labels(secret), _stamped_labels(spec))
+        and _holds(annotations_of(secret), _stamped_annotations(spec, owner))
+        and (not spec.rollout.targets
+             or (bool(have_salt) and (salt is _ANY or have_salt == salt)))
+        and (spec.target.creation_policy != "Owner"
+             or _owner_ref(owner) in (meta.get("ownerReferences") or []))
+    )
+
+
+def _holds(have: Mapping[str, str], want: Mapping[str, str]) -> bool:
+    return all(have.get(k) == v for k, v in want.items())
+
+
+def _stamped_labels(spec: api.Spec) -> dict[str, str]:
+    """The labels desired_secret sets whatever the target held before."""
+    stamped = {**spec.target.template.labels, api.LABEL_MANAGED: "true"}
+    if spec.target.creation_policy == "Owner":
+        stamped[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
+    return stamped
+
+
+def _stamped_annotations(spec: api.Spec, owner: Owner) -> dict[str, str]:
+    """The annotations desired_secret sets that do not depend on the data or version."""
+    return {**spec.target.template.annotations, api.ANN_OWNED_BY: owner.name,
+            api.ANN_PROJECT_ID: spec.project_id, api.ANN_ENVIRONMENT_ID: spec.environment_id}
+
+
+def _owner_ref(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "name": owner.name, "uid": owner.uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }
+
+
+def desired_secret(
+    existing: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
+    rendered: Mapping[str, str], version: int, salt: str | None = None,
+    changed_at: str | None = None,
+) -> dict[str, Any]:
+    """The full Secret we want, built on top of ``existing`` so foreign metadata survives
+    (a whole Secret: a summary has no values to keep). A HimitsuSecret that names workloads
+    to restart stamps ``salt`` as its rollout salt, over whatever the target carried: only
+    the operator chooses it (``sync.rollout.trusted_salt``); and ``changed_at`` when the
+    data changes, in the same write."""
+    if summary.is_summary(existing):
+        raise ValueError("a cached Secret summary is no base for a write")
+    policy = spec.target.creation_policy
+    body: dict[str, Any] = copy.deepcopy(dict(existing)) if existing else {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": spec.target.name, "namespace": owner.namespace},
+        "type": spec.target.type,
+    }
+    meta = body.setdefault("metadata", {})
+    if policy == "Owner":
+        data = dict(rendered)
+        _set_controller_ref(meta, owner)
+    else:
+        data = _merged_data(existing, owner=owner, rendered=rendered)
+        # Merge sets no controller reference (the Secret outlives the HimitsuSecret);
+        # drop the one an earlier Owner policy set, or garbage collection would take it.
+        refs = [r for r in meta.get("ownerReferences") or [] if not _is_our_controller_ref(r)]
+        if refs:
+            meta["ownerReferences"] = refs
+        else:
+            meta.pop("ownerReferences", None)
+    body["data"] = data
+    body.pop("stringData", None)
+    meta_labels = meta.setdefault("labels", {})
+    if existing is None:
+        meta_labels[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
+    meta_labels.update(_stamped_labels(spec))
+    ann = meta.setdefault("annotations", {})
+    ann.update(_stamped_annotations(spec, owner))
+    ann.update({
+        api.ANN_CONFIG_VERSION: str(version),
+        api.ANN_SOURCE: spec.source_hash(),
+        api.ANN_DATA_HASH: data_hash(rendered),
+    })
+    if spec.rollout.targets and salt:
+        ann[api.ANN_ROLLOUT_SALT] = salt
+        if changed_at and ((existing or {}).get("data") or {}) != data:
+            ann[api.ANN_DATA_CHANGED_AT] = changed_at
+    if policy == "Merge":
+        ann[api.ANN_MANAGED_KEYS] = ",".join(sorted(rendered))
+    else:
+        ann.pop(api.ANN_MANAGED_KEYS, None)
+    return body
+
+
+def _merged_data(
+    existing: Mapping[str, Any] | None, *, owner: Owner, rendered: Mapping[str, str],
+) -> dict[str, str]:
+    current: dict[str, str] = dict((existing or {}).get("data") or {})
+    ours = set(our_previous_keys(existing, policy="Merge"))
+    foreign = {k: v for k, v in current.items() if k not in ours}
+    collisions = sorted(set(rendered) & set(foreign))
+    if collisions:
+        name = ((existing or {}).get("metadata") or {}).get("name", "")
+        # One key, not a list or a count: the message is readable by whoever may create
+        # a HimitsuSecret, who may not read this Secret (a probe for its key names).
+        raise TargetConflict(
+            f"Himitsu key {collisions[0]!r} would overwrite a key of Secret {name!r} that "
+            "himitsu-operator did not write; rename it in Himitsu or remove it from the Secret"
+        )
+    return {**foreign, **rendered}
+
+
+def _set_controller_ref(meta: dict[str, Any], owner: Owner) -> None:
+    refs = [r for r in meta.get("ownerReferences") or [] if not r.get("controller")]
+    refs.append(_owner_ref(owner))
+    meta["ownerReferences"] = refs
+
+
+def same_content(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Would writing ``desired`` over ``current`` change anything a reader can see?"""
+    cur_meta = current.get("metadata") or {}
+    new_meta = desired.get("metadata") or {}
+    return (
+        (current.get("data") or {}) == (desired.get("data") or {})
+        and (cur_meta.get("labels") or {}) == (new_meta.get("labels") or {})
+        and (cur_meta.get("annotations") or {}) == (new_meta.get("annotations") or {})
+        and (cur_meta.get("ownerReferences") or []) == (new_meta.get("ownerReferences") or [])
+    )
