@@ -1,6 +1,6 @@
 """Check the package's layer contract from its import statements (``make lint``).
 
-The contract (README, Layout):
+The contract (docs/development/layout.md):
 * ``runtime/`` imports nothing of the package outside ``runtime/``;
 * ``himitsu/`` imports neither ``runtime/`` nor ``sync/`` (nor any other part of the
   package but its ``__init__``'s version), and no Kubernetes client;

@@ -1,4 +1,4 @@
-"""The layer contract (README, Layout) holds on the real tree, and its checker can fail.
+"""The layer contract (docs/development/layout.md) holds on the real tree, and its checker can fail.
 
 hack/check_layers.py is what `make lint` runs; these tests run it on the package and on
 small synthetic trees that each break one rule, so a checker that always passes would

@@ -100,7 +100,7 @@ class _NoStore:
 
 
 def test_status_patch_from_a_deleted_objects_copy_never_lands_on_its_namesake() -> None:
-    """F1. README: 'one computed from the cached copy of a HimitsuSecret deleted and
+    """F1. docs/syncing.md: 'one computed from the cached copy of a HimitsuSecret deleted and
     recreated under its name is refused (409), never merged into the new one's status'."""
     namesake_status = {"configVersion": 1, "rolloutRestarts": [{"kind": "Deployment"}]}
     server = CrdStatusApiserver({

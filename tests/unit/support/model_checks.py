@@ -289,7 +289,7 @@ class Oracle:
         """Himitsu refuses this source now, for this token: its budget (or the IP's) ran
         short in the current window (the operator's own pacing holds requests back then),
         or its last answer to this source, given after the action at ``since`` and within
-        a window of now, was a 429 or a 5xx. Meanwhile the README lets a first sync or a
+        a window of now, was a 429 or a 5xx. Meanwhile docs/syncing.md lets a first sync or a
         repair write what the operator holds in memory, and a timed poll or a force-sync
         wait (Ready may say the polls are overdue); it asks again as soon as it may."""
         himitsu, now, token = self.world.himitsu, self.world.clock.t, self._token(spec)

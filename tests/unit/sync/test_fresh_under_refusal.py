@@ -1,6 +1,6 @@
 """What a first sync and a force-sync hold while Himitsu refuses (the model test's ``fresh``).
 
-The README ("How syncing works"): a first sync holds Himitsu's current data, but while
+docs/syncing.md: a first sync holds Himitsu's current data, but while
 Himitsu refuses (429, 5xx, unreachable, our own pacing) it writes what the operator
 holds in memory for that very source at once and asks again as soon as it may; a
 force-sync asks Himitsu itself, so it is not acknowledged (``status.lastForceSync``)

@@ -412,7 +412,7 @@ def test_a_reader_whose_own_request_got_a_429_says_so(op: Operator) -> None:
 def test_a_target_written_right_after_a_change_gets_the_new_value_within_seconds(
     op: Operator, creating: bool,
 ) -> None:
-    # The README's promise. A first sync or repair within FRESH of another reader's
+    # The promise of docs/syncing.md. A first sync or repair within FRESH of another reader's
     # answer shares it (one request per source for a mass repair), then revalidates once.
     op.add("a1", refreshInterval="1h")
     op.reconcile("a1")

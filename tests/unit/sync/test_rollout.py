@@ -764,7 +764,7 @@ def test_an_upgrade_with_two_owed_claims_on_one_workload_restarts_it_once() -> N
 
 
 def test_a_restarted_at_from_a_clock_ahead_does_not_swallow_later_changes() -> None:
-    """The last leader's clock was an hour ahead (README allows 1 s), or the workload's
+    """The last leader's clock was an hour ahead (the docs allow 1 s), or the workload's
     owner put a future himitsu.io/restartedAt in the template: it proves nothing, so a
     change made meanwhile is still restarted, and no restart is reported in the future."""
     world = rollout_world()
@@ -1002,7 +1002,7 @@ def test_after_a_salt_loss_new_bytes_at_the_same_config_version_still_restart() 
 
 
 def test_after_a_salt_loss_a_version_bump_to_the_same_bytes_restarts_once() -> None:
-    """The documented conservative side (README "Restarting consumers"): once the salt
+    """The documented conservative side (docs/restarting-consumers.md): once the salt
     is lost, the record cannot tell bytes apart and decides by config version and source
     stamp; a new version rendering the same bytes restarts once, then nothing more."""
     world = rollout_world(minRestartInterval="0")
