@@ -253,6 +253,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     )
     # One line per API key and URL: the poller's first attempts and the client's retries.
     pacer = pacing.Pacer()
+    metrics.report_headroom(pacer.headroom)
     client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request,
                                    pacing=pacer)
     # Events have their own client and limiter, as in client-go: they are best-effort and

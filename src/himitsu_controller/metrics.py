@@ -117,20 +117,64 @@ class _LagCollector(Collector):
 _lag = _LagCollector()
 REGISTRY.register(_lag)
 
+HeadroomSource = Callable[[], dict[str, float]]
 
-class _ReadyCollector(Collector):
-    """``himitsu_secret_ready{namespace,name}``, one bool per HimitsuSecret: a labelled
-    Gauge child costs ~800 bytes an object (its own lock and value), this ~100 (a dict
-    entry under the key the caches already hold)."""
+
+class _HeadroomCollector(Collector):
+    """``himitsu_api_rate_limit_headroom_ratio{scope}`` from the pacer at scrape time:
+    the smallest share of a budget left, over API keys and over API URLs (no key or URL
+    in a label: a key's hash is not a dashboard's business)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ready: dict[str, bool] = {}
+        self._source: Callable[[], HeadroomSource | None] = lambda: None
 
-    def set(self, namespace: str, name: str, is_ready: bool) -> None:
+    def watch(self, source: HeadroomSource) -> None:
+        ref: Callable[[], HeadroomSource | None] = (
+            weakref.WeakMethod(source) if hasattr(source, "__self__")
+            else lambda: source)
+        with self._lock:
+            self._source = ref
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return [self._family({})]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            source = self._source()
+        return [self._family(source() if source is not None else {})]
+
+    @staticmethod
+    def _family(headroom: dict[str, float]) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(
+            "himitsu_api_rate_limit_headroom_ratio",
+            "The smallest share of a Himitsu rate-limit budget left in the current 60 s "
+            "window, over API keys (scope=api_key: our pace, or the server's "
+            "RateLimit-Remaining when less) and over API URLs (scope=api_url); 1: unused, "
+            "0: every request waits for the next window.",
+            labels=["scope"])
+        for scope in ("api_key", "api_url"):
+            family.add_metric([scope], headroom.get(scope, 1.0))
+        return family
+
+
+_headroom = _HeadroomCollector()
+REGISTRY.register(_headroom)
+
+
+class _ReadyCollector(Collector):
+    """``himitsu_secret_ready{namespace,name,reason}``, one series per HimitsuSecret: a
+    labelled Gauge child costs ~800 bytes an object (its own lock and value), this ~100
+    (a dict entry under the key the caches already hold, its reason a shared string)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: dict[str, tuple[bool, str]] = {}
+
+    def set(self, namespace: str, name: str, is_ready: bool, reason: str) -> None:
         key = sys.intern(f"{namespace}/{name}")
         with self._lock:
-            self._ready[key] = is_ready
+            self._ready[key] = (is_ready, sys.intern(reason))
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -143,16 +187,18 @@ class _ReadyCollector(Collector):
         with self._lock:
             ready = list(self._ready.items())
         family = self._family()
-        for key, is_ready in ready:
+        for key, (is_ready, reason) in ready:
             namespace, _, name = key.partition("/")
-            family.add_metric([namespace, name], 1.0 if is_ready else 0.0)
+            family.add_metric([namespace, name, reason], 1.0 if is_ready else 0.0)
         return [family]
 
     @staticmethod
     def _family() -> GaugeMetricFamily:
         return GaugeMetricFamily(
-            "himitsu_secret_ready", "1 when the HimitsuSecret's Ready condition is True, else 0.",
-            labels=["namespace", "name"])
+            "himitsu_secret_ready",
+            "1 when the HimitsuSecret's Ready condition is True, else 0; reason: the "
+            "condition's reason (Synced, AuthenticationFailure, FetchFailure, ...).",
+            labels=["namespace", "name", "reason"])
 
 
 _ready = _ReadyCollector()
@@ -176,8 +222,8 @@ def count_rollout(result: str, n: int = 1) -> None:
         rollout_restarts.labels(result=result).inc(n)
 
 
-def set_ready(namespace: str, name: str, is_ready: bool) -> None:
-    _ready.set(namespace, name, is_ready)
+def set_ready(namespace: str, name: str, is_ready: bool, reason: str) -> None:
+    _ready.set(namespace, name, is_ready, reason)
 
 
 def forget_ready(namespace: str, name: str) -> None:
@@ -186,6 +232,11 @@ def forget_ready(namespace: str, name: str) -> None:
 
 def observe_lateness(seconds: float) -> None:
     poll_lateness.observe(max(0.0, seconds))
+
+
+def report_headroom(source: HeadroomSource) -> None:
+    """Let the headroom gauge read ``source`` ({"api_key": ratio, "api_url": ratio})."""
+    _headroom.watch(source)
 
 
 def report_lag(source: LagSource) -> None:

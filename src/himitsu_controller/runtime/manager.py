@@ -37,7 +37,7 @@ import structlog
 
 from .healthz import Check, ProbeServer
 from .httpserver import HTTPServerHandle
-from .metrics import start_metrics_server
+from .metrics import start_metrics_server, watch_collector
 from .parts import (
     ControllerLike,
     EventFlusher,
@@ -128,6 +128,7 @@ class Manager:
         if any(existing.name == informer.name for existing in self._informers):
             raise ValueError(f"an informer named {informer.name!r} is already added")
         self._informers.append(informer)
+        watch_collector.register(informer)
 
     def add_controller(self, controller: ControllerLike) -> None:
         self._controllers.append(controller)

@@ -219,6 +219,57 @@ in_flight_collector = _InFlightCollector()
 REGISTRY.register(in_flight_collector)
 
 
+class WatchSource(Protocol):
+    """What the watch gauge needs from an informer: its name and how long it has had no
+    working watch (0 when it has one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def unhealthy_for(self) -> float: ...
+
+
+class _WatchCollector(Collector):
+    """``informer_watch_failing_seconds{name}`` at scrape time, from live informers (held
+    weakly): what /readyz checks, for an alert that says which cache and for how long."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sources: weakref.WeakSet[WatchSource] = weakref.WeakSet()
+
+    def register(self, source: WatchSource) -> None:
+        with self._lock:
+            self._sources.add(source)
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            sources = list(self._sources)
+        failing: dict[str, float] = {}
+        for source in sources:
+            failing[source.name] = max(failing.get(source.name, 0.0), source.unhealthy_for())
+        family = self._family()
+        for name, seconds in sorted(failing.items()):
+            family.add_metric([name], seconds)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "informer_watch_failing_seconds",
+            "Seconds since the informer's list/watch started failing without a working watch "
+            "since (0: watching). /readyz fails past 30 s.",
+            labels=["name"])
+
+
+watch_collector = _WatchCollector()
+REGISTRY.register(watch_collector)
+# process_cpu_seconds_total, process_resident_memory_bytes, ...: as every Go operator has.
+prometheus_client.ProcessCollector(registry=REGISTRY)
+
+
 class _MetricsHandler(http.server.BaseHTTPRequestHandler):
     """Serves our REGISTRY at /metrics (text exposition, or OpenMetrics if asked)."""
 

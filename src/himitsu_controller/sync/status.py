@@ -184,8 +184,9 @@ class StatusWriter:
     def _report(obj: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         """``himitsu_secret_ready`` for ``obj`` from the status it now has."""
         meta = obj.get("metadata") or {}
+        reason = str(_ready_field(status, "reason") or "")
         metrics.set_ready(str(meta.get("namespace", "")), str(meta.get("name", "")),
-                          _ready_status(status) == "True")
+                          _ready_status(status) == "True", reason)
 
     def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         try:

@@ -68,7 +68,7 @@ def defer_after_restart(
     mem.answered = now + remaining - interval  # lastSyncTime: what the target holds
     mem.interval = interval
     # No status write will report it for now: a new process's Ready gauge starts here.
-    metrics.set_ready(ctx.owner.namespace, ctx.owner.name, True)
+    metrics.set_ready(ctx.owner.namespace, ctx.owner.name, True, "Synced")
     return until_due(mem, now=now)
 
 

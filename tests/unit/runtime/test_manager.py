@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 
 from himitsu_controller.runtime.controller import Controller, Result
 from himitsu_controller.runtime.manager import WATCH_LIVENESS_TIMEOUT, Manager
+from himitsu_controller.runtime.metrics import REGISTRY
 
 WAIT = 10.0
 
@@ -432,6 +433,26 @@ def test_probes_follow_sync_watch_health_and_worker_liveness(
     status, body = probe(mgr, "/healthz")
     assert status == 500
     assert "[-]workers failed: dead worker threads in: ctrl" in body
+
+
+def test_an_added_informers_failing_watch_is_a_metric(journal: Journal) -> None:
+    """informer_watch_failing_seconds{name}: what /readyz checks, for an alert, read at
+    scrape time from each informer the manager was given."""
+    informer = FakeInformer(f"watched-{id(journal)}", journal)
+    manager().add_informer(informer)
+
+    def seconds() -> float | None:
+        return REGISTRY.get_sample_value("informer_watch_failing_seconds",
+                                         {"name": informer.name})
+
+    assert seconds() == 0.0
+    informer.unhealthy = 42.0
+    assert seconds() == 42.0
+
+
+def test_process_cpu_and_memory_are_exported() -> None:
+    assert (REGISTRY.get_sample_value("process_resident_memory_bytes") or 0) > 0
+    assert REGISTRY.get_sample_value("process_cpu_seconds_total") is not None
 
 
 def test_healthz_fails_once_the_apiserver_answers_without_a_working_watch_for_minutes(

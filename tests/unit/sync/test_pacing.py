@@ -268,3 +268,32 @@ def test_a_retry_with_no_place_before_the_deadline_is_not_sent(
     with pytest.raises(himitsu.ServerError):
         fetch_with(pacer, clock)
     assert len(mock.calls) == 1
+
+
+def test_headroom_is_the_smallest_share_of_a_budget_left_in_the_window() -> None:
+    """himitsu_api_rate_limit_headroom_ratio: 1 when nothing was asked, falling with the
+    requests sent or placed on the busiest key (and URL), back to 1 once they age out."""
+    clock = Clock()
+    pacer = Pacer(clock=clock, token_budget=10, api_budget=40, window=60.0)
+    assert pacer.headroom() == {"api_key": 1.0, "api_url": 1.0}
+    # Sent or placed in line ahead (one request at once, then an even pace): both count.
+    waits = [pacer.admit(f"a{ticket}", API, "key-a") for ticket in range(4)]
+    assert waits[0] == 0.0 and waits[-1] > 0
+    pacer.admit("b0", API, "key-b")
+    assert pacer.headroom() == {"api_key": pytest.approx(0.6), "api_url": pytest.approx(0.875)}
+    for ticket in range(4, 14):  # demand beyond the budget leaves nothing
+        pacer.admit(f"a{ticket}", API, "key-a")
+    assert pacer.headroom()["api_key"] == 0.0
+    clock.now += 1000.0
+    assert pacer.headroom() == {"api_key": 1.0, "api_url": 1.0}
+
+
+def test_headroom_follows_the_servers_count_when_another_client_spends_the_key() -> None:
+    clock = Clock()
+    pacer = Pacer(clock=clock)
+    assert pacer.admit("t", API, "k") == 0.0
+    # The server says 10 of 120 remain (another client spent the rest); 6 are our reserve.
+    pacer.answered(API, "k", RateLimits(limit=120, remaining=10, reset=30.0), elapsed=0.1)
+    assert pacer.headroom()["api_key"] == pytest.approx((10 - 6) / 120)
+    clock.now += 31.0  # the server's window ended: our own count alone
+    assert pacer.headroom()["api_key"] == pytest.approx(1 - 1 / pacing.TOKEN_BUDGET)

@@ -64,9 +64,17 @@ def ready(kube: FakeKube) -> dict[str, Any]:
     return cond
 
 
+def ready_series() -> dict[str, float]:
+    """himitsu_secret_ready of apps/app-config: {reason: value}."""
+    return {s.labels["reason"]: s.value for family in REGISTRY.collect() for s in family.samples
+            if s.name == "himitsu_secret_ready"
+            and (s.labels["namespace"], s.labels["name"]) == ("apps", "app-config")}
+
+
 def gauge() -> float | None:
-    return REGISTRY.get_sample_value("himitsu_secret_ready",
-                                     {"namespace": "apps", "name": "app-config"})
+    series = ready_series()
+    assert len(series) <= 1, series  # one series per object, whatever its reason
+    return next(iter(series.values()), None)
 
 
 def test_synced_writes_the_status_the_contract_shows(writer: StatusWriter,
@@ -142,7 +150,19 @@ def test_failure_events_only_on_transitions(writer: StatusWriter, kube: FakeKube
     assert len(kube.status_patches) == patches
     failed(writer, kube, reason="AuthenticationFailure", message="token rejected (401)")
     assert [e.reason for e in kube.events] == ["FetchFailure", "AuthenticationFailure"]
-    assert gauge() == 0.0
+    assert ready_series() == {"AuthenticationFailure": 0.0}
+
+
+def test_the_ready_series_carries_the_reason_of_the_condition(
+        writer: StatusWriter, kube: FakeKube) -> None:
+    """An alert on himitsu_secret_ready == 0 says why, and a dashboard counts by reason:
+    the series follows the Ready reason, one series per object."""
+    synced(writer, kube)
+    assert ready_series() == {"Synced": 1.0}
+    failed(writer, kube)
+    assert ready_series() == {"FetchFailure": 0.0}
+    synced(writer, kube)
+    assert ready_series() == {"Synced": 1.0}
 
 
 def test_failure_keeps_what_the_last_sync_recorded(writer: StatusWriter,

@@ -131,6 +131,7 @@ class _ServerView:
     start: float
     end: float
     allowed: int
+    limit: int
 
 
 @dataclass
@@ -207,13 +208,35 @@ class Pacer:
             limit = limits.limit or self.token_budget
             reserve = max(MIN_RESERVE, math.ceil(limit * RESERVE_FRACTION))
             self._views[key] = _ServerView(start=start, end=now + limits.reset,
-                                           allowed=limits.remaining - reserve)
+                                           allowed=limits.remaining - reserve, limit=limit)
 
     def counted(self, key: str) -> int:
         """Requests of the key sent or placed within the log's window (for tests, logs)."""
         with self._lock:
             log = self._logs.get(("token", key))
             return len(log.times) if log is not None else 0
+
+    def headroom(self) -> dict[str, float]:
+        """The smallest share of a budget left (0..1) over API keys and over API URLs:
+        requests sent or placed in the log's window against the budget, and for a key
+        the server's count when it leaves less (``himitsu_api_rate_limit_headroom_ratio``)."""
+        with self._lock:
+            now = self.clock()
+            self._prune(now)
+            left = {"api_key": 1.0, "api_url": 1.0}
+            for (kind, key), log in self._logs.items():
+                share = max(0, log.budget - len(log.times)) / log.budget
+                view = self._views.get(key) if kind == "token" else None
+                if view is not None and view.start <= now < view.end and view.limit > 0:
+                    spare = view.allowed - (log.count(view.start, view.end) - 1)
+                    share = min(share, max(0, spare) / view.limit)
+                scope = "api_key" if kind == "token" else "api_url"
+                left[scope] = min(left[scope], share)
+            for key, view in self._views.items():
+                if (("token", key) not in self._logs and view.start <= now < view.end
+                        and view.limit > 0):
+                    left["api_key"] = min(left["api_key"], max(0, view.allowed) / view.limit)
+            return left
 
     # -- inside the lock ------------------------------------------------------------------
     def _earliest(self, api_url: str, key: str, t: float) -> float:
