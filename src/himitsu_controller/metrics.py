@@ -72,11 +72,12 @@ poll_lateness = Histogram(
     registry=REGISTRY,
 )
 
-LagSource = Callable[[], tuple[float, int]]
+LagSource = Callable[[], tuple[float, int, float]]
 
 
 class _LagCollector(Collector):
-    """``himitsu_poll_lag_seconds`` and ``himitsu_polls_overdue`` from the reconciler at
+    """``himitsu_poll_lag_seconds``, ``himitsu_polls_overdue`` and
+    ``himitsu_poll_lag_intervals`` from the reconciler at
     scrape time. One source, the latest reconciler, held weakly (a process has one;
     tests build many)."""
 
@@ -92,15 +93,15 @@ class _LagCollector(Collector):
             self._source = ref
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
-        return self._families(0.0, 0)
+        return self._families(0.0, 0, 0.0)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         with self._lock:
             source = self._source()
-        return self._families(*(source() if source is not None else (0.0, 0)))
+        return self._families(*(source() if source is not None else (0.0, 0, 0.0)))
 
     @staticmethod
-    def _families(lag: float, overdue: int) -> list[GaugeMetricFamily]:
+    def _families(lag: float, overdue: int, intervals: float) -> list[GaugeMetricFamily]:
         return [
             GaugeMetricFamily(
                 "himitsu_poll_lag_seconds",
@@ -111,6 +112,11 @@ class _LagCollector(Collector):
                 "himitsu_polls_overdue",
                 "How many targets hold data older than their refreshInterval.",
                 value=overdue),
+            GaugeMetricFamily(
+                "himitsu_poll_lag_intervals",
+                "The largest lag in units of its target's own refreshInterval: 1 means a "
+                "target's data is twice its refreshInterval old (0: none lags).",
+                value=intervals),
         ]
 
 
@@ -240,5 +246,6 @@ def report_headroom(source: HeadroomSource) -> None:
 
 
 def report_lag(source: LagSource) -> None:
-    """Let the lag gauges read ``source`` (largest lag in seconds, targets lagging)."""
+    """Let the lag gauges read ``source`` (largest lag in seconds, targets lagging, largest
+    lag in refreshIntervals)."""
     _lag.watch(source)

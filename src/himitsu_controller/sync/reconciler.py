@@ -412,8 +412,9 @@ class HimitsuSecretReconciler:
     def _clock(self) -> float:
         return self._now().timestamp()
 
-    def lag(self) -> tuple[float, int]:
-        """The largest lag behind the promise and how many targets lag, over every
+    def lag(self) -> tuple[float, int, float]:
+        """The largest lag behind the promise, how many targets lag and the largest lag
+        in refreshIntervals, over every
         HimitsuSecret in the cache (``sync.lag``: why not only those in memory)."""
         with self._lock:
             memory = dict(self._memory)

@@ -16,6 +16,7 @@ from reconcile_world import NAME, NS, World, add_other, fetched
 
 from himitsu_controller import himitsu
 from himitsu_controller.runtime.metrics import REGISTRY
+from himitsu_controller.sync.polling import lag
 from himitsu_controller.sync.polling.polls import LocallyRateLimited
 
 
@@ -37,7 +38,7 @@ def world() -> World:
 def test_on_time_polls_show_no_lag_and_cost_one_status_patch_each(world: World) -> None:
     for _ in range(5):
         world.poll(himitsu.NotModified(5, age=2.0))
-    assert world.reconciler.lag() == (0.0, 0)
+    assert world.reconciler.lag() == (0.0, 0, 0.0)
     assert sample("himitsu_poll_lag_seconds") == 0.0
     assert len(world.kube.status_patches) == 6  # the first sync and five polls
     assert message(world) == "Secret 'app-secrets' holds 2 keys at config version 5"
@@ -45,7 +46,7 @@ def test_on_time_polls_show_no_lag_and_cost_one_status_patch_each(world: World) 
 
 def test_a_target_nobody_polls_shows_a_growing_lag(world: World) -> None:
     world.clock.advance(60 + 90)  # its poll never came (a backlog, or a lost wake)
-    assert world.reconciler.lag() == (90.0, 1)
+    assert world.reconciler.lag() == (90.0, 1, 1.5)
     assert sample("himitsu_poll_lag_seconds") == 90.0
     assert sample("himitsu_polls_overdue") == 1.0
     world.clock.advance(30)
@@ -57,14 +58,14 @@ def test_a_failing_target_lags_from_its_last_good_answer(world: World) -> None:
     for _ in range(4):  # the poll at 60 s fails; retries keep failing; the data stays
         world.clock.advance(30)
         assert world.reconcile(himitsu.ServerError("503", status=503)).error is not None
-    assert world.reconciler.lag() == (90.0, 1)
+    assert world.reconciler.lag() == (90.0, 1, 1.5)
 
 
 def test_a_deleted_himitsu_secret_stops_counting(world: World) -> None:
     world.clock.advance(200)
     del world.kube.himitsu_secrets[(NS, NAME)]
     world.reconciler.reconcile(f"{NS}/{NAME}")
-    assert world.reconciler.lag() == (0.0, 0)
+    assert world.reconciler.lag() == (0.0, 0, 0.0)
 
 
 def test_each_timed_poll_records_how_late_it_ran(world: World) -> None:
@@ -141,13 +142,13 @@ def test_after_a_restart_a_poll_held_back_shows_the_targets_lag(world: World) ->
     world.clock.advance(600)  # the operator was down for ten minutes (refreshInterval 1m)
     world.restart()  # memory lost; status.lastSyncTime still says t=0
     assert world.reconcile(LocallyRateLimited("paced", retry_after=5.0)).error is None
-    assert world.reconciler.lag() == (540.0, 1)
+    assert world.reconciler.lag() == (540.0, 1, 9.0)
     assert (sample("himitsu_poll_lag_seconds"), sample("himitsu_polls_overdue")) == (540.0, 1.0)
     assert "polls are overdue" in message(world)
     for _ in range(3):  # ... and Himitsu keeps failing: the lag keeps growing
         world.clock.advance(60)
         world.reconcile(himitsu.ServerError("503", status=503))
-    assert world.reconciler.lag() == (720.0, 1)
+    assert world.reconciler.lag() == (720.0, 1, 12.0)
 
 
 def test_after_a_restart_the_first_poll_records_how_late_it_ran(world: World) -> None:
@@ -169,7 +170,7 @@ def test_after_a_cold_start_targets_not_reconciled_yet_show_their_lag(world: Wor
     # not reconciled the object: its lag comes from status.lastSyncTime in the cache.
     world.clock.advance(60 + 90)
     world.restart()
-    assert world.reconciler.lag() == (90.0, 1)
+    assert world.reconciler.lag() == (90.0, 1, 1.5)
     assert (sample("himitsu_poll_lag_seconds"), sample("himitsu_polls_overdue")) == (90.0, 1.0)
 
 
@@ -179,7 +180,7 @@ def test_a_target_never_synced_or_synced_once_does_not_lag(world: World) -> None
     add_other(world)  # a new HimitsuSecret, not reconciled yet: no answer, no promise
     world.clock.advance(3600)
     world.restart()
-    assert world.reconciler.lag() == (0.0, 0)
+    assert world.reconciler.lag() == (0.0, 0, 0.0)
 
 
 # -- lateness belongs to timed polls, measured with the interval they were due under -----
@@ -194,7 +195,7 @@ def test_a_shortened_refresh_interval_is_not_reported_as_a_late_poll() -> None:
     world.reconcile(fetched(5))  # reconciled at once: the spec changed
     assert message(world) == "Secret 'app-secrets' holds 2 keys at config version 5"
     assert sample("himitsu_poll_lateness_seconds_count") == count  # not a timed poll
-    assert world.reconciler.lag() == (0.0, 0)
+    assert world.reconciler.lag() == (0.0, 0, 0.0)
     world.clock.advance(60 + 90)  # from now on the promise is the new interval's
     world.reconcile(himitsu.NotModified(5))
     assert "this poll ran 1m30s later than refreshInterval 1m allows" in message(world)
@@ -228,3 +229,19 @@ def test_under_a_chronic_pacing_shortfall_each_poll_costs_one_status_patch(world
     assert len(world.kube.status_patches) - before == 5
     # ... and the message never went back to "polls are overdue" in between.
     assert not any("overdue" in str(patch) for patch in world.kube.status_patches[before:])
+
+
+def test_the_lag_in_intervals_is_each_targets_own_lag_over_its_own_interval() -> None:
+    """himitsu_poll_lag_intervals: an alert bound that holds for any refreshInterval. A
+    target 10 min behind an hourly refresh lags less, in its own terms, than one 2 min
+    behind a 1m refresh, though more in seconds."""
+    def obj(name: str, interval: str, synced: str) -> dict[str, object]:
+        return {"metadata": {"namespace": "apps", "name": name, "uid": name},
+                "spec": {"refreshInterval": interval}, "status": {"lastSyncTime": synced}}
+
+    now = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+    hourly = obj("hourly", "1h", "2023-11-14T21:03:20Z")  # 70 min old: 10 min past its hour
+    minutely = obj("minutely", "1m", "2023-11-14T22:10:20Z")  # 3 min old: 2 past its minute
+    largest, lagging, intervals = lag.worst(now, [hourly, minutely], {})
+    assert (largest, lagging) == (600.0, 2)
+    assert intervals == pytest.approx(2.0)

@@ -43,29 +43,36 @@ def first_sight(mem: Memory, *, last_sync_time: str | None, interval: float,
 
 def worst(
     now: float, objects: Iterable[Mapping[str, Any]], memory: Mapping[str, Memory],
-) -> tuple[float, int]:
-    """The largest lag (``schedule.lag``) and how many targets lag."""
-    largest, lagging = 0.0, 0
+) -> tuple[float, int, float]:
+    """The largest lag (``schedule.lag``), how many targets lag, and the largest lag in
+    units of its own target's refreshInterval (an alert's bound for every interval)."""
+    largest, lagging, ratio = 0.0, 0, 0.0
     for obj in objects:
-        lag = _lag(now, obj, memory)
+        lag, interval = _lag(now, obj, memory)
         largest, lagging = max(largest, lag), lagging + (lag > 0)
-    return largest, lagging
+        if lag > 0:
+            ratio = max(ratio, lag / interval)
+    return largest, lagging, ratio
 
 
-def _lag(now: float, obj: Mapping[str, Any], memory: Mapping[str, Memory]) -> float:
+def _lag(now: float, obj: Mapping[str, Any],
+         memory: Mapping[str, Memory]) -> tuple[float, float]:
+    """(lag, refreshInterval); a lag is never positive with an interval of 0."""
     meta = obj.get("metadata") or {}
     mem = memory.get(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
     if mem is not None and mem.uid == str(meta.get("uid", "")) and mem.answered is not None:
-        return schedule.lag(now, mem.answered, mem.interval)
+        return schedule.lag(now, mem.answered, mem.interval), mem.interval
     status, spec = obj.get("status"), obj.get("spec")
     if not isinstance(status, Mapping) or not isinstance(spec, Mapping):
-        return 0.0
+        return 0.0, 0.0
     last = api.parse_time(status.get("lastSyncTime"))
     if last is None:
-        return 0.0
+        return 0.0, 0.0
     raw = spec.get("refreshInterval", "1m")
     interval = _interval(raw) if isinstance(raw, str) else None
-    return 0.0 if interval is None else schedule.lag(now, last.timestamp(), interval)
+    if interval is None:
+        return 0.0, 0.0
+    return schedule.lag(now, last.timestamp(), interval), interval
 
 
 @functools.lru_cache(maxsize=256)
