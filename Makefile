@@ -23,7 +23,7 @@ help: ## Show this help
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON_SYSTEM) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev,docs]'
 	touch $@
 
 .PHONY: venv install-dev
@@ -31,10 +31,16 @@ venv: $(VENV)/.installed ## Create .venv with the operator and its dev tools
 install-dev: venv
 
 .PHONY: lint
-lint: venv ## ruff + mypy --strict + the layer contract (hack/check_layers.py)
+lint: venv ## ruff, mypy --strict, the layer contract, promtool on the alerts and dashboard, mkdocs --strict
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict
 	$(PY) hack/check_layers.py src
+	$(PY) hack/monitoring.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+.PHONY: docs
+docs: venv ## Serve the documentation site (mkdocs) on http://127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 .PHONY: test
 test: venv kube-build ## Unit tests, then the end-to-end suite on a local control plane (the CI command)

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import monitoring  # hack/monitoring.py
+
 from .canary import LeakEvidence
 from .harness import Harness
 from .kubehelp import wait_for
@@ -104,3 +106,22 @@ def test_metrics_pass_promtool_check_metrics(h: Harness, ns: str, default_operat
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, (
         f"promtool check metrics (exit {result.returncode}):\n{result.stdout}{result.stderr}")
+
+
+def test_the_alerts_and_the_dashboard_select_only_series_the_operator_exports(
+        h: Harness, ns: str, default_operator: Any) -> None:
+    """Every metric name in deploy/prometheus/prometheusrule.yaml and in the Grafana
+    dashboard, read from each expression's parse tree, is one this operator's /metrics
+    exposes (a family, with its type's suffixes), or Prometheus' own `up`. A series renamed
+    on either side fails here."""
+    sync = h.sync(ns, "API_KEY", refresh="2s")
+    wait_for(lambda: h.standin.count(sync.env, status=304) >= 1, timeout=30,
+             what="a poll answered 304")
+    text: str = default_operator.scrape()
+    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+    exported = monitoring.exported_names(families) | monitoring.PROMETHEUS_SERIES
+    expressions = monitoring.rule_expressions() + monitoring.dashboard_expressions()
+    assert len(expressions) > 30
+    unknown = {where: sorted(monitoring.metric_names(expr) - exported)
+               for where, expr in expressions}
+    assert {where: names for where, names in unknown.items() if names} == {}
