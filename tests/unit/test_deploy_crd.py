@@ -319,10 +319,31 @@ def test_printer_columns_match_the_contract() -> None:
         ("Reason", "string", f"{ready}.reason", 1),
         ("Last Sync", "date", ".status.lastSyncTime", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Message", "string", f"{ready}.message", 1),
     ]
     # kubectl upper-cases headers and prints NAME first: the contract's header line.
     default_view = ["NAME"] + [c[0].upper() for c in columns if c[3] == 0]
     assert " ".join(default_view) == "NAME SECRET KEYS VERSION READY LAST SYNC AGE"
+
+
+def test_every_field_says_what_it_does_and_its_default() -> None:
+    """`kubectl explain` prints these (tests/e2e/test_crd_explain.py checks it does): every
+    spec and status field has a description; every spec field names its default, the
+    schema's own when it has one, or says it is required."""
+    missing = [path for path, schema in walk(root_schema())
+               if path and path != ".metadata"  # the apiserver's ObjectMeta, described
+               and "[additionalProperties]" not in path.split(".")[-1]
+               and not path.endswith("[items]") and not schema.get("description")]
+    assert missing == []
+    spec_schema = node("spec")
+    for path, schema in walk(spec_schema, "spec"):
+        if path.endswith(("[items]", "[additionalProperties]")) or path == "spec":
+            continue
+        text = " ".join(schema["description"].split())
+        if "default" in schema:
+            assert f"Default: {schema['default']}" in text, path
+        else:
+            assert "Default:" in text or "Required." in text or "must be omitted" in text, path
 
 
 def test_required_fields_defaults_and_enums() -> None:

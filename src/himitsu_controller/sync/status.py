@@ -69,7 +69,7 @@ class StatusWriter:
         self._write(key, obj, status)
         if data_changed:
             self._event(obj, "Normal", "Synced", (
-                f"Wrote {secret_count} keys at config version {version} to Secret {target!r}"
+                f"Wrote {_keys(secret_count)} at config version {version} to Secret {target!r}"
             ))
         elif not was_ready:
             self._event(obj, "Normal", "Synced", message)
@@ -241,7 +241,11 @@ def _copy_status(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _holds(target: str, secret_count: int, version: int) -> str:
-    return f"Secret {target!r} holds {secret_count} keys at config version {version}"
+    return f"Secret {target!r} holds {_keys(secret_count)} at config version {version}"
+
+
+def _keys(count: int) -> str:
+    return "1 key" if count == 1 else f"{count} keys"
 
 
 def bounded(message: str) -> str:

@@ -94,6 +94,12 @@ def test_synced_writes_the_status_the_contract_shows(writer: StatusWriter,
     assert gauge() == 1.0
 
 
+def test_one_key_reads_as_one_key(writer: StatusWriter, kube: FakeKube) -> None:
+    synced(writer, kube, count=1)
+    assert ready(kube)["message"] == "Secret 'app-secrets' holds 1 key at config version 37"
+    assert kube.events[0].message == "Wrote 1 key at config version 37 to Secret 'app-secrets'"
+
+
 def test_data_change_gives_a_normal_event_and_polls_do_not(writer: StatusWriter,
                                                            kube: FakeKube,
                                                            clock: Clock) -> None:
