@@ -82,6 +82,18 @@ def exported_names(families: dict[str, str]) -> set[str]:
             for suffix in suffixes.get(kind, ("",))}
 
 
+def write_rule_files(directory: Path) -> tuple[Path, Path]:
+    """The alerts as a Prometheus rule file, and every dashboard expression as a recording
+    rule (``dashboard:expression_<i>``, in dashboard_expressions() order): for promtool,
+    and for a real Prometheus to evaluate."""
+    alerts, dashboard = directory / "rules.yaml", directory / "dashboard.yaml"
+    alerts.write_text(yaml.safe_dump(rule_groups()))
+    recorded = [{"record": f"dashboard:expression_{i}", "expr": expr}
+                for i, (_, expr) in enumerate(dashboard_expressions())]
+    dashboard.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": recorded}]}))
+    return alerts, dashboard
+
+
 def _promtool(*args: str) -> None:
     print("promtool", *args, flush=True)
     subprocess.run(["promtool", *args], check=True)
@@ -93,14 +105,10 @@ def main() -> int:
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
-        recorded = [{"record": f"dashboard:expression_{i}", "expr": expr}
-                    for i, (_, expr) in enumerate(dashboard_expressions())]
-        (work / "dashboard.yaml").write_text(
-            yaml.safe_dump({"groups": [{"name": "dashboard", "rules": recorded}]}))
+        alerts, dashboard = write_rule_files(work)
         shutil.copy(RULE_TESTS, work / "alerts_test.yaml")
         try:
-            _promtool("check", "rules", str(work / "rules.yaml"), str(work / "dashboard.yaml"))
+            _promtool("check", "rules", str(alerts), str(dashboard))
             _promtool("test", "rules", str(work / "alerts_test.yaml"))
         except subprocess.CalledProcessError as exc:
             print(f"monitoring.py: {exc}", file=sys.stderr)

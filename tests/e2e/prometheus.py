@@ -46,6 +46,12 @@ class PrometheusApi:
             raise AssertionError(f"query {expr!r}: {body}")
         return [(dict(s["metric"]), float(s["value"][1])) for s in body["data"]["result"]]
 
+    def rules(self) -> list[dict[str, Any]]:
+        """Every loaded rule: name, health ("ok", "err", "unknown"), lastError, ..."""
+        response = requests.get(f"{self.url}/api/v1/rules", timeout=10)
+        response.raise_for_status()
+        return [rule for group in response.json()["data"]["groups"] for rule in group["rules"]]
+
     def by(self, label: str, expr: str) -> Vector:
         """``expr``'s samples keyed by one label (each key at most once)."""
         result: Vector = {}

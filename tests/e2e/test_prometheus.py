@@ -8,6 +8,8 @@ Two variants of one check (tests/e2e/prometheus.py: check_two_replicas):
 * local control plane: ``prometheus`` from PATH on the host, a static scrape of two
   replicas started here with --leader-elect (what a kubelet-less machine can show: the
   server negotiates and ingests the exposition, and the series tell the replicas apart).
+  It also loads the shipped alerts and every dashboard expression (hack/monitoring.py):
+  each evaluates without error on the real series, and each panel query shows data.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Any
 
 import pytest
 
+import monitoring  # hack/monitoring.py
+
 from . import cluster_setup, kind
 from .cluster_setup import Cluster
 from .harness import Harness
-from .kubehelp import KubeApi
+from .kubehelp import KubeApi, wait_for
 from .operator_proc import OperatorLauncher
 from .prometheus import HostPrometheus, PrometheusApi, check_two_replicas
 
@@ -77,7 +81,7 @@ def test_prometheus_in_cluster_scrapes_both_replicas_through_deploy(
 
 
 @pytest.mark.local_only
-def test_prometheus_on_the_host_scrapes_two_local_replicas(
+def test_prometheus_on_the_host_scrapes_two_local_replicas_and_evaluates_the_alerts(
         operator: OperatorLauncher, h: Harness, ns: str, session_dir: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not on PATH (Debian: apt-get install prometheus; CI installs it)")
@@ -86,16 +90,57 @@ def test_prometheus_on_the_host_scrapes_two_local_replicas(
              "--leader-election-id", lease)
     replicas = [operator.start(*flags, name=f"replica-{i}") for i in "ab"]
     targets = [f"127.0.0.1:{r.metrics_port}" for r in replicas]
+    workdir = session_dir / f"prometheus-{lease}"
+    workdir.mkdir(parents=True)
+    rule_files = monitoring.write_rule_files(workdir)
     config: dict[str, Any] = {
-        "global": {"scrape_interval": f"{LOCAL_INTERVAL:.0f}s"},
+        "global": {"scrape_interval": f"{LOCAL_INTERVAL:.0f}s",
+                   "evaluation_interval": f"{LOCAL_INTERVAL:.0f}s"},
+        "rule_files": [str(f) for f in rule_files],
         "scrape_configs": [{"job_name": "himitsu-local",
                             "static_configs": [{"targets": targets}]}],
     }
     # JSON is YAML: Prometheus reads it as its config file.
-    prom = HostPrometheus(json.dumps(config, indent=2), session_dir / f"prometheus-{lease}")
+    prom = HostPrometheus(json.dumps(config, indent=2), workdir)
     try:
         h.sync(ns, "API_KEY", refresh="2s")
         check_two_replicas(prom.api, {"himitsu-local": LOCAL_INTERVAL}, "instance",
                            set(targets))
+        _check_rules_evaluate(prom)
+        _check_every_panel_shows_data(prom)
     finally:
         prom.stop()
+
+
+def _check_rules_evaluate(prom: HostPrometheus) -> None:
+    """Every alert and dashboard expression, evaluated by Prometheus on the operator's
+    real series, evaluates without error."""
+    expected = len(monitoring.rule_expressions()) + len(monitoring.dashboard_expressions())
+    seen: list[Any] = []
+
+    def all_ok() -> bool:
+        rules = prom.api.rules()
+        seen[:] = [(r["name"], r.get("health"), r.get("lastError")) for r in rules
+                   if r.get("health") != "ok"]
+        return len(rules) == expected and not seen
+
+    try:
+        wait_for(all_ok, timeout=30, what=f"{expected} rules evaluated, health ok")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nnot ok: {seen}") from None
+
+
+def _check_every_panel_shows_data(prom: HostPrometheus) -> None:
+    """A panel query (but the one listing objects that are not Ready) returns series."""
+    expressions = [(where, expr) for where, expr in monitoring.dashboard_expressions()
+                   if not expr.rstrip().endswith("== 0")]
+    empty: list[str] = []
+
+    def shown() -> bool:
+        empty[:] = [where for where, expr in expressions if not prom.api.query(expr)]
+        return not empty
+
+    try:
+        wait_for(shown, timeout=30, what="every panel to show data")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nempty: {empty}") from None
