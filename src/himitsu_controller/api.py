@@ -38,6 +38,17 @@ ANN_ENVIRONMENT_ID = "himitsu.io/environment-id"
 ANN_SOURCE = "himitsu.io/source-hash"
 ANN_DATA_HASH = "himitsu.io/data-hash"
 ANN_MANAGED_KEYS = "himitsu.io/managed-keys"
+# Beside owned-by: the uid of the HimitsuSecret that wrote the stamps. A name is reused
+# (deleted, created again by someone else); a uid never is, so records (managed-keys,
+# the template ones) and "created for" are trusted only with both (sync.targets).
+ANN_OWNER_UID = "himitsu.io/owner-uid"
+# The label and annotation keys the template applied (comma-separated), so a key later
+# removed from the template is removed from the target, and only such a key.
+ANN_TEMPLATE_LABELS = "himitsu.io/template-labels"
+ANN_TEMPLATE_ANNOTATIONS = "himitsu.io/template-annotations"
+# On a Secret, set by whoever may write it: the HimitsuSecrets ("a,b" or "*") that may
+# merge into it (creationPolicy Merge into a Secret the operator did not create for it).
+ANN_ALLOW_MERGE_BY = "himitsu.io/allow-merge-by"
 # On the HimitsuSecret: any new value forces one full fetch.
 ANN_FORCE_SYNC = "himitsu.io/force-sync"
 # On a workload's pod template: set to restart it, as `kubectl rollout restart` does.
@@ -68,6 +79,9 @@ DROPPED_ANNOTATIONS = frozenset({ANN_LAST_APPLIED})
 # author writing them onto a Merge target could rebind another team's token, or make a
 # Secret look created by the operator (an Owner policy would then replace its data).
 _RESERVED_KEY_RE = re.compile(r"^([^/]*[.])?himitsu[.]io/")
+# The token controller's own annotations on service-account token Secrets: a template
+# setting them on a Merge target could make it a token Secret of any ServiceAccount.
+_SERVICE_ACCOUNT_PREFIX = "kubernetes.io/service-account."
 
 FORMATS = ("KeyValue", "Dotenv", "Json")
 POLICIES = ("Owner", "Merge")
@@ -521,6 +535,10 @@ def _annotations(value: Any) -> dict[str, str]:
             raise InvalidSpec(
                 f"target.template.annotations key {_show(key)} is not a valid annotation key")
         _refuse_reserved(key, "target.template.annotations")
+        if key.startswith(_SERVICE_ACCOUNT_PREFIX):
+            raise InvalidSpec(
+                f"target.template.annotations key {_show(key)} is reserved: "
+                f"{_SERVICE_ACCOUNT_PREFIX}* annotations are Kubernetes' token controller's")
         if key in DROPPED_ANNOTATIONS:
             raise InvalidSpec(
                 f"target.template.annotations key {_show(key)} is kubectl's own record of "

@@ -250,6 +250,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         rest, kube.SECRETS, namespace=args.namespace, name="secrets",
         label_selector=f"{api.LABEL_MANAGED}=true", transform=summary.secret,
         shared=summary.SHARED, list_snapshots=snapshots,
+        indexers={kube.OWNER_INDEX: kube.owner_uids},
     )
     # One line per API key and URL: the poller's first attempts and the client's retries.
     pacer = pacing.Pacer()

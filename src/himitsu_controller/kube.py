@@ -61,6 +61,23 @@ _SHOWN_MESSAGE = 300
 class Store(Protocol):
     def get(self, key: str) -> dict[str, Any] | None: ...
     def list(self) -> builtins.list[dict[str, Any]]: ...
+    def by_index(self, index: str, value: str) -> builtins.list[dict[str, Any]]: ...
+
+
+OWNER_INDEX = "owner-uid"
+
+
+def owner_uids(obj: Mapping[str, Any]) -> list[str]:
+    """The HimitsuSecret uids a Secret is stamped or controlled by: an informer index
+    function (how a renamed target's old Secret is found, without a record of names)."""
+    meta = obj.get("metadata") or {}
+    uids = {str(r.get("uid")) for r in meta.get("ownerReferences") or []
+            if isinstance(r, Mapping) and r.get("controller") and r.get("kind") == api.KIND
+            and r.get("uid")}
+    stamped = (meta.get("annotations") or {}).get(api.ANN_OWNER_UID)
+    if isinstance(stamped, str) and stamped:
+        uids.add(stamped)
+    return sorted(uids)
 
 
 def token_refs(obj: Mapping[str, Any]) -> list[str]:
@@ -147,6 +164,10 @@ class KubeClient:
             if exc.status == 404:
                 return None
             raise _kube_error(exc, f"reading Secret {name!r}") from None
+
+    def secrets_owned_by(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        return [s for s in self._secrets.by_index(OWNER_INDEX, uid)
+                if (s.get("metadata") or {}).get("namespace") == namespace]
 
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,

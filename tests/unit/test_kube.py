@@ -79,6 +79,10 @@ class DictStore:
     def list(self) -> builtins.list[dict[str, Any]]:
         return builtins.list(self.objects.values())
 
+    def by_index(self, index: str, value: str) -> builtins.list[dict[str, Any]]:
+        assert index == kube.OWNER_INDEX
+        return [o for o in self.objects.values() if value in kube.owner_uids(o)]
+
 
 class Clock:
     def __init__(self) -> None:

@@ -68,6 +68,9 @@ class Kube(Workloads, Protocol):
     def get_secret(
         self, namespace: str, name: str, *, fresh: bool = False, cached: bool = False,
     ) -> dict[str, Any] | None: ...
+    def secrets_owned_by(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The labelled Secrets of ``namespace`` the informer holds that carry the
+        HimitsuSecret ``uid``'s stamps or controller reference (cached copies)."""
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,
     ) -> SecretValue:

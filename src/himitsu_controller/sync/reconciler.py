@@ -28,9 +28,9 @@ from himitsu_controller.sync import allowlist, rollout, wakes
 from himitsu_controller.sync.context import Context
 from himitsu_controller.sync.memory import Memory, resource_version
 from himitsu_controller.sync.polling import lag, polls, schedule
-from himitsu_controller.sync.ports import Fetcher, Kube, KubeError
+from himitsu_controller.sync.ports import Conflict, Fetcher, Kube, KubeError
 from himitsu_controller.sync.status import StatusWriter
-from himitsu_controller.sync.target import render, targets, writes
+from himitsu_controller.sync.target import render, retire, targets, writes
 from himitsu_controller.sync.tokens import TokenError, TokenNotAllowed, TokenReader
 
 log = structlog.get_logger(__name__)
@@ -176,10 +176,11 @@ class HimitsuSecretReconciler:
             metrics.count_sync("not_modified")
         else:
             rendered = self._render(spec, result.secrets)
-            data_changed = self._write(
-                ctx, spec, mem, target=target, rendered=rendered, version=result.version)
-            count = len(result.secrets)
+            data_changed, count = self._write(
+                ctx, spec, mem, target=target, rendered=rendered, version=result.version,
+            ), len(result.secrets)
             metrics.count_sync("written" if data_changed else "unchanged")
+        self._release_earlier_targets(ctx, spec)
         try:
             self._status.synced(
                 ctx.key, ctx.obj, version=result.version, secret_count=count or 0,
@@ -199,6 +200,15 @@ class HimitsuSecretReconciler:
             soon = polled + retry if retry is not None else answered + schedule.FRESH
             mem.due = soon if mem.due is None else min(mem.due, soon)
         return wakes.until_due(mem, now=self._clock())
+
+    def _release_earlier_targets(self, ctx: Context, spec: api.Spec) -> None:
+        """The target holds our data now: an earlier one (target.name changed) goes."""
+        try:
+            retire.old_targets(self._kube, ctx.obj, owner=ctx.owner, spec=spec)
+        except Conflict:
+            raise _Requeue() from None
+        except KubeError as exc:
+            raise _Failure("WriteFailure", f"releasing an earlier target: {exc}") from None
 
     def _salt(self, ctx: Context, spec: api.Spec, mem: Memory,
               target: Mapping[str, Any] | None) -> str | None:

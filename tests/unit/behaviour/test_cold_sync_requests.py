@@ -113,7 +113,8 @@ def test_a_merge_target_is_written_on_its_values_read_at_that_moment() -> None:
     # write, which reads the Secret's values itself (the informer keeps none).
     fleet = Fleet(policy="Merge")
     for i in range(N):
-        fleet.kube.put_secret({"metadata": {"namespace": NS, "name": f"target-{i}"},
+        fleet.kube.put_secret({"metadata": {"namespace": NS, "name": f"target-{i}",
+                                            "annotations": {api.ANN_ALLOW_MERGE_BY: "*"}},
                                "type": "Opaque", "data": {"HELM_KEY": b64("v1")}})
     fleet.reconcile_all(fetched(5))
     for i in range(N):

@@ -150,7 +150,8 @@ def test_merging_into_an_existing_service_account_token_secret_still_works() -> 
     world = merge_world(target_type="kubernetes.io/service-account-token")
     sa = world.target()
     world.kube.edit_secret(NS, TARGET, type="kubernetes.io/service-account-token", metadata={
-        **sa["metadata"], "annotations": {"kubernetes.io/service-account.name": "default"}},
+        **sa["metadata"], "annotations": {"kubernetes.io/service-account.name": "default",
+                                         api.ANN_ALLOW_MERGE_BY: "*"}},
         data={"token": b64("sa-token"), "ca.crt": b64("ca"), "namespace": b64(NS)})
     world.sync(5, {"EXTRA": "x"})
     assert world.data()["EXTRA"] == "x" and world.data()["token"] == "sa-token"

@@ -11,7 +11,7 @@ import pytest
 from fakes import FakeFetcher, FakeKube, b64
 from reconcile_world import NS, TOKEN, Clock, fetched, make_hsec
 
-from himitsu_controller import cli, himitsu
+from himitsu_controller import api, cli, himitsu
 from himitsu_controller.runtime.resync import DEFAULT_PERIOD, JITTER, Resync
 from himitsu_controller.runtime.workqueue import RateLimitingQueue
 from himitsu_controller.sync.reconciler import HimitsuSecretReconciler
@@ -90,7 +90,8 @@ class Cluster:
         self.kube, self.fetcher, self.clock = FakeKube(), FakeFetcher(), Clock()
         self.kube.put_secret({"metadata": {"namespace": NS, "name": "himitsu-token"},
                               "data": {"token": b64(TOKEN)}})
-        self.kube.put_secret({"metadata": {"namespace": NS, "name": "merged"},
+        self.kube.put_secret({"metadata": {"namespace": NS, "name": "merged", "annotations": {
+                                  api.ANN_ALLOW_MERGE_BY: "merge"}},
                               "type": "Opaque", "data": {"OTHER": b64("x")}})
         self.keys: list[str] = []
         for name, over in [("owner-1m", {}), ("owner-1h", {"refreshInterval": "1h"}),

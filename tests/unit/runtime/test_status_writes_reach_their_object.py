@@ -20,6 +20,8 @@ F4: a Warning Event is lost whenever the Ready=False status patch fails.
 
 from __future__ import annotations
 
+import builtins
+
 import copy
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,6 +98,9 @@ class _NoStore:
         return None
 
     def list(self) -> list[dict[str, Any]]:
+        return []
+
+    def by_index(self, index: str, value: str) -> "builtins.list[dict[str, Any]]":
         return []
 
 

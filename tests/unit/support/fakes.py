@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from himitsu_controller import himitsu
+from himitsu_controller import himitsu, kube
 from himitsu_controller.api import ANN_ALLOWED_API_URLS, LABEL_MANAGED
 from himitsu_controller.sync import summary
 from himitsu_controller.sync.ports import Conflict, KubeError, SecretNotFound, SecretValue
@@ -181,6 +181,11 @@ class FakeKube:
             self.direct_reads += 1
             return copy.deepcopy(found)
         return summary.secret(copy.deepcopy(found))  # what the informer keeps
+
+    def secrets_owned_by(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """What the real adapter's index holds: labelled Secrets, as summaries."""
+        return [summary.secret(copy.deepcopy(s)) for (ns, _), s in sorted(self.secrets.items())
+                if ns == namespace and _labelled(s) and uid in kube.owner_uids(s)]
 
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,

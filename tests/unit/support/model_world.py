@@ -100,7 +100,8 @@ class Process:
                               transform=summary.himitsu_secret, shared=summary.SHARED)
         self.secrets = Informer(rest, kube.SECRETS, name="secrets",
                                 label_selector=SECRET_SELECTOR, clock=clock,
-                                transform=summary.secret, shared=summary.SHARED)
+                                transform=summary.secret, shared=summary.SHARED,
+                                indexers={kube.OWNER_INDEX: kube.owner_uids})
         self.kube = kube.KubeClient(rest, himitsu_secrets=self.hsecs.store,
                                     secrets=self.secrets.store, clock=clock, instance="model",
                                     events=world)

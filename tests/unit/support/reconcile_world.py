@@ -166,12 +166,16 @@ class World:
         return conds[0]
 
 
-def merge_world(**over: Any) -> World:
+def merge_world(*, consent: str | None = NAME, **over: Any) -> World:
+    """A Merge HimitsuSecret and a Helm-owned target that consents to it (``consent``:
+    its ``himitsu.io/allow-merge-by``; None: the annotation is absent)."""
     world = World(policy="Merge", **over)
+    annotations = {"meta.helm.sh/release-name": "r"}
+    if consent is not None:
+        annotations[api.ANN_ALLOW_MERGE_BY] = consent
     world.kube.put_secret({
         "metadata": {"namespace": NS, "name": TARGET,
-                     "labels": {api.LABEL_MANAGED_BY: "Helm"},
-                     "annotations": {"meta.helm.sh/release-name": "r"}},
+                     "labels": {api.LABEL_MANAGED_BY: "Helm"}, "annotations": annotations},
         "type": "Opaque", "data": {"HELM_KEY": b64("helm-value")},
     })
     return world

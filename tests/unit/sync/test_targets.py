@@ -93,9 +93,15 @@ def test_target_whose_owner_no_longer_exists_is_free() -> None:
     theirs = targets.desired_secret(
         None, owner=targets.Owner("apps", "gone", "uid-2"), spec=make_spec(),
         rendered=RENDERED, version=1)
-    for policy in api.POLICIES:
-        targets.check_ownership(theirs, owner=OWNER, policy=policy,
+    targets.check_ownership(theirs, owner=OWNER, policy="Owner",
+                            himitsu_secret_exists=never_exists)
+    # Created for another HimitsuSecret, not for this one: a Merge needs its consent.
+    with pytest.raises(targets.TargetConflict, match=api.ANN_ALLOW_MERGE_BY):
+        targets.check_ownership(theirs, owner=OWNER, policy="Merge",
                                 himitsu_secret_exists=never_exists)
+    theirs["metadata"]["annotations"][api.ANN_ALLOW_MERGE_BY] = OWNER.name
+    targets.check_ownership(theirs, owner=OWNER, policy="Merge",
+                            himitsu_secret_exists=never_exists)
 
 
 def test_our_own_target_is_ours() -> None:
@@ -144,8 +150,9 @@ def test_owner_never_adopts_a_secret_it_did_not_create() -> None:
     message = str(info.value)
     assert "'app-secrets' already exists and was not created by himitsu-operator" in message
     assert "creationPolicy: Merge" in message
-    # Merge is allowed to add keys to it.
-    targets.check_ownership(foreign_secret({"A": "x"}), owner=OWNER, policy="Merge",
+    # Merge is allowed to add keys to it, with its consent.
+    consenting = foreign_secret({"A": "x"}, annotations={api.ANN_ALLOW_MERGE_BY: "*"})
+    targets.check_ownership(consenting, owner=OWNER, policy="Merge",
                             himitsu_secret_exists=never_exists)
 
 
@@ -186,6 +193,9 @@ def test_owner_desired_secret_new() -> None:
     assert meta["annotations"] == {
         "note": "n",
         api.ANN_OWNED_BY: "app-config",
+        api.ANN_OWNER_UID: "uid-1",
+        api.ANN_TEMPLATE_LABELS: "team",
+        api.ANN_TEMPLATE_ANNOTATIONS: "note",
         api.ANN_CONFIG_VERSION: "5",
         api.ANN_PROJECT_ID: spec.project_id,
         api.ANN_ENVIRONMENT_ID: spec.environment_id,
@@ -310,13 +320,16 @@ def test_merge_collision_with_a_foreign_key_names_the_key_never_a_value() -> Non
     assert "more" not in message and not any(c.isdigit() for c in message.split("'")[0])
 
 
-def test_merge_keys_of_a_vanished_owner_are_taken_over() -> None:
+def test_merge_keys_of_a_vanished_owner_are_kept_or_overwritten_never_removed() -> None:
+    # Issue 21 item 1: the keys another writer recorded are not ours to remove; one of
+    # the same name is overwritten and becomes ours.
     spec = make_spec(policy="Merge")
     theirs = targets.desired_secret(
         foreign_secret({"HELM_KEY": "h"}), owner=targets.Owner("apps", "gone", "u2"),
         spec=spec, rendered={"OLD": b64("o"), "A": b64("0")}, version=1)
     body = written(spec, {"A": b64("1")}, existing=theirs)
-    assert body["data"] == {"HELM_KEY": b64("h"), "A": b64("1")}
+    assert body["data"] == {"HELM_KEY": b64("h"), "OLD": b64("o"), "A": b64("1")}
+    assert body["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "A"
 
 
 def test_owner_target_moved_to_merge_keeps_its_keys_as_ours() -> None:
@@ -340,7 +353,7 @@ def test_merge_target_without_its_managed_keys_record_claims_nothing() -> None:
     # foreign ones, so every key is treated as foreign (a conflict, never a deletion).
     merged = written(make_spec(policy="Merge"), existing=foreign_secret({"HELM_KEY": "h"}))
     del merged["metadata"]["annotations"][api.ANN_MANAGED_KEYS]
-    assert targets.our_previous_keys(merged, policy="Merge") == []
+    assert targets.our_previous_keys(merged, policy="Merge", owner=OWNER) == []
     with pytest.raises(targets.TargetConflict):
         written(make_spec(policy="Merge"), existing=merged)
 
@@ -464,4 +477,4 @@ def test_managed_keys_parsing() -> None:
     secret = {"metadata": {"annotations": {api.ANN_MANAGED_KEYS: "B,A,,A"}}}
     assert targets.managed_keys(secret) == ["A", "B"]
     assert targets.managed_keys(None) == []
-    assert targets.our_previous_keys(secret, policy="Merge") == []  # no owned-by: not ours
+    assert targets.our_previous_keys(secret, policy="Merge", owner=OWNER) == []  # no owned-by: not ours

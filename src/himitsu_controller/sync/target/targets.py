@@ -8,9 +8,11 @@ A Secret read from the informer is its summary (``sync.summary``: digests, no va
 every check here reads summaries and whole Secrets alike; only a write is built on a
 whole Secret (``desired_secret`` refuses a summary).
 
-Ownership is recorded on the Secret itself (``himitsu.io/owned-by``), not only in an
-ownerReference, because Merge targets carry no ownerReference and the operator must
-still tell its keys from everyone else's after a restart.
+Ownership is recorded on the Secret itself (``himitsu.io/owned-by`` and ``owner-uid``),
+not only in an ownerReference, because Merge targets carry no ownerReference and the
+operator must still tell its keys from everyone else's after a restart (``target.stamps``).
+A Merge into a Secret the operator did not create for this HimitsuSecret needs the
+Secret's consent (``himitsu.io/allow-merge-by``), as a restart needs the workload's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from himitsu_controller import api
 from himitsu_controller.sync import summary
+from himitsu_controller.sync.target import stamps
 from himitsu_controller.sync.target.render import data_hash
 
 _ANY: Any = object()  # holds_stamps: any rollout salt will do
@@ -88,12 +91,28 @@ def check_ownership(
             f"Secret {name!r} is already managed by HimitsuSecret {holder!r}; "
             "point this HimitsuSecret at another target or delete the other one"
         )
+    if policy == "Merge" and not consents(secret, owner=owner):
+        raise TargetConflict(
+            f"Secret {name!r} was not created by himitsu-operator for this HimitsuSecret "
+            f"and does not consent to a Merge by it: whoever may write the Secret adds the "
+            f"annotation {api.ANN_ALLOW_MERGE_BY}: {owner.name} (or '*') to it; until "
+            "then it is left as it is")
     if policy == "Owner" and not _created_by_operator(secret):
         raise TargetConflict(
             f"Secret {name!r} already exists and was not created by himitsu-operator; "
             "creationPolicy Owner never adopts an existing Secret (use creationPolicy: Merge "
             "to add keys to it, or delete it to let the operator create it)"
         )
+
+
+def consents(secret: Mapping[str, Any], *, owner: Owner) -> bool:
+    """May ``owner`` merge into ``secret``? Yes if the operator created it for ``owner``
+    (only the operator writes those stamps), or if the Secret names it in
+    ``himitsu.io/allow-merge-by`` (only who may write the Secret can put that there)."""
+    if stamps.created_for(secret, name=owner.name, uid=owner.uid):
+        return True
+    allowed = {n.strip() for n in annotations_of(secret).get(api.ANN_ALLOW_MERGE_BY, "").split(",")}
+    return "*" in allowed or owner.name in allowed
 
 
 def _created_by_operator(secret: Mapping[str, Any]) -> bool:
@@ -106,30 +125,28 @@ def _created_by_operator(secret: Mapping[str, Any]) -> bool:
             or _has_our_controller_ref(secret.get("metadata") or {}))
 
 
-def _is_our_controller_ref(ref: Any) -> bool:
-    return (isinstance(ref, Mapping) and bool(ref.get("controller"))
-            and ref.get("kind") == api.KIND
-            and str(ref.get("apiVersion", "")).startswith(f"{api.GROUP}/"))
+_is_our_controller_ref = stamps.is_controller_ref
 
 
 def _has_our_controller_ref(meta: Mapping[str, Any], *, uid: str | None = None) -> bool:
     """A controller reference to a HimitsuSecret (with ``uid``: to that one)."""
-    return any(_is_our_controller_ref(r) and (uid is None or r.get("uid") == uid)
-               for r in meta.get("ownerReferences") or [])
+    return stamps.has_controller_ref({"metadata": meta}, uid=uid)
 
 
-def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str) -> list[str]:
-    """Keys of ``secret`` this operator wrote last time (all of them for an Owner target)."""
+def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str, owner: Owner,
+                      ) -> list[str]:
+    """Keys of ``secret`` this HimitsuSecret wrote last time (all of them for an Owner
+    target); keys another writer recorded are not among them (``target.stamps``)."""
     if secret is None or owned_by(secret) is None:
         return []
     # Judged by how the target was written, not only by the policy now asked for: an
     # Owner target (our controller reference, no managed-keys record) holds only our
     # keys, so a HimitsuSecret moved from Owner to Merge still knows them as its own.
     written_as_owner = (api.ANN_MANAGED_KEYS not in annotations_of(secret)
-                        and _has_our_controller_ref(secret.get("metadata") or {}))
+                        and _has_our_controller_ref(secret.get("metadata") or {}, uid=owner.uid))
     if policy == "Owner" or written_as_owner:
         return summary.keys_of(secret)
-    return managed_keys(secret)
+    return sorted(stamps.applied(secret, api.ANN_MANAGED_KEYS, name=owner.name, uid=owner.uid))
 
 
 def is_consistent(
@@ -168,7 +185,8 @@ def holds_own_data(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.
         and secret.get("type", "Opaque") == spec.target.type
         and ann.get(api.ANN_SOURCE) == spec.source_hash()
         and summary.holds_hash(
-            secret, our_previous_keys(secret, policy=spec.target.creation_policy), recorded)
+            secret, our_previous_keys(secret, policy=spec.target.creation_policy, owner=owner),
+            recorded)
     )
 
 
@@ -183,32 +201,17 @@ def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Sp
         return False
     meta = secret.get("metadata") or {}
     have_salt = annotations_of(secret).get(api.ANN_ROLLOUT_SALT)
+    # Stamping and templating it again would change nothing (a template key removed
+    # since is still there, one added is missing: both a full sync's to repair).
+    want_labels, want_ann = stamps.metadata(secret, name=owner.name, uid=owner.uid, spec=spec)
     return (
-        _holds(labels(secret), _stamped_labels(spec))
-        and _holds(annotations_of(secret), _stamped_annotations(spec, owner))
+        dict(labels(secret)) == want_labels
+        and dict(annotations_of(secret)) == want_ann
         and (not spec.rollout.targets
              or (bool(have_salt) and (salt is _ANY or have_salt == salt)))
         and (spec.target.creation_policy != "Owner"
              or _owner_ref(owner) in (meta.get("ownerReferences") or []))
     )
-
-
-def _holds(have: Mapping[str, str], want: Mapping[str, str]) -> bool:
-    return all(have.get(k) == v for k, v in want.items())
-
-
-def _stamped_labels(spec: api.Spec) -> dict[str, str]:
-    """The labels desired_secret sets whatever the target held before."""
-    stamped = {**spec.target.template.labels, api.LABEL_MANAGED: "true"}
-    if spec.target.creation_policy == "Owner":
-        stamped[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
-    return stamped
-
-
-def _stamped_annotations(spec: api.Spec, owner: Owner) -> dict[str, str]:
-    """The annotations desired_secret sets that do not depend on the data or version."""
-    return {**spec.target.template.annotations, api.ANN_OWNED_BY: owner.name,
-            api.ANN_PROJECT_ID: spec.project_id, api.ANN_ENVIRONMENT_ID: spec.environment_id}
 
 
 def _owner_ref(owner: Owner) -> dict[str, Any]:
@@ -251,12 +254,8 @@ def desired_secret(
             meta.pop("ownerReferences", None)
     body["data"] = data
     body.pop("stringData", None)
-    meta_labels = meta.setdefault("labels", {})
-    if existing is None:
-        meta_labels[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
-    meta_labels.update(_stamped_labels(spec))
-    ann = meta.setdefault("annotations", {})
-    ann.update(_stamped_annotations(spec, owner))
+    meta["labels"], ann = stamps.metadata(existing, name=owner.name, uid=owner.uid, spec=spec)
+    meta["annotations"] = ann
     ann.update({
         api.ANN_CONFIG_VERSION: str(version),
         api.ANN_SOURCE: spec.source_hash(),
@@ -277,9 +276,13 @@ def _merged_data(
     existing: Mapping[str, Any] | None, *, owner: Owner, rendered: Mapping[str, str],
 ) -> dict[str, str]:
     current: dict[str, str] = dict((existing or {}).get("data") or {})
-    ours = set(our_previous_keys(existing, policy="Merge"))
+    ours = set(our_previous_keys(existing, policy="Merge", owner=owner))
     foreign = {k: v for k, v in current.items() if k not in ours}
-    collisions = sorted(set(rendered) & set(foreign))
+    # Keys another HimitsuSecret recorded (a predecessor on this target) stay; one of
+    # the same name is overwritten and becomes ours. Any other foreign key is refused.
+    predecessor = set() if stamps.stamped_by(existing, name=owner.name, uid=owner.uid) \
+        else set(managed_keys(existing))
+    collisions = sorted((set(rendered) & set(foreign)) - predecessor)
     if collisions:
         name = ((existing or {}).get("metadata") or {}).get("name", "")
         # One key, not a list or a count: the message is readable by whoever may create

@@ -1,0 +1,60 @@
+"""A renamed target leaves no stale copy.
+
+Once the target ``target.name`` names now holds this HimitsuSecret's data, any other
+Secret carrying its stamps or controller reference (found by uid in the informer's index,
+``kube.owner_uids``: the object says whose it is, no list of past names is kept) is
+an earlier target. One with this HimitsuSecret's controller reference is deleted (with a
+uid precondition); one it merged into loses its keys, stamps and applied template
+metadata, foreign keys, labels and annotations staying. A Normal Event says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from himitsu_controller import api, metrics
+from himitsu_controller.sync.memory import uid_of
+from himitsu_controller.sync.ports import Kube
+from himitsu_controller.sync.target import scrub, stamps, targets
+
+__all__ = ["old_targets"]
+
+log = structlog.get_logger(__name__)
+REASON = "PreviousTargetReleased"
+
+
+def old_targets(kube: Kube, obj: Mapping[str, Any], *, owner: targets.Owner,
+                spec: api.Spec) -> None:
+    """Release every earlier target of ``owner``; KubeError (Conflict: a race) when a
+    write is refused, and the next sync tries again."""
+    ns = owner.namespace
+    for cached in kube.secrets_owned_by(ns, owner.uid):
+        name = str((cached.get("metadata") or {}).get("name", ""))
+        if not name or name == spec.target.name:
+            continue
+        whole = kube.get_secret(ns, name, fresh=True)
+        if whole is None or (whole.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        sent = [str(v) for v in (whole.get("data") or {}).values()]
+        with scrub.redacting(sent):
+            if stamps.has_controller_ref(whole, uid=owner.uid):
+                kube.delete_secret(ns, name, uid=uid_of(whole))
+                metrics.count_write("delete")
+                said = (f"deleted Secret {name!r}, the earlier target of this HimitsuSecret "
+                        f"(target.name is now {spec.target.name!r})")
+            elif stamps.stamped_by(whole, name=owner.name, uid=owner.uid):
+                kube.update_secret(ns, stamps.without_ours(whole, name=owner.name,
+                                                           uid=owner.uid))
+                metrics.count_write("update")
+                said = (f"removed this HimitsuSecret's keys and stamps from Secret {name!r}, "
+                        f"its earlier target (target.name is now {spec.target.name!r}); "
+                        "its other keys, labels and annotations are left as they are")
+            else:
+                continue
+        try:
+            kube.record_event(obj, type="Normal", reason=REASON, message=said)
+        except Exception as exc:  # best effort, as every Event
+            log.warning("recording event failed", reason=REASON, error=type(exc).__name__)

@@ -1,0 +1,268 @@
+"""Merge targets and template metadata: nothing foreign is removed or changed, a Merge
+needs the target's consent, removed template metadata leaves, a renamed target leaves no
+stale copy (issues 21 and 27). Through the reconcile, against the in-memory fakes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from fakes import b64, unb64
+from reconcile_world import NAME, NS, TARGET, World, fetched, make_hsec, merge_world
+
+from himitsu_controller import api
+
+OTHER_ENV = "44444444-4444-4444-4444-444444444444"
+
+
+def successor(world: World, name: str = "b", **over: Any) -> str:
+    """Another Merge HimitsuSecret (another environment) on the same target."""
+    obj = make_hsec(policy="Merge", environmentId=OTHER_ENV, **over)
+    obj["metadata"]["name"] = name
+    world.kube.add_himitsu_secret(obj)
+    return f"{NS}/{name}"
+
+
+def reconcile_as(world: World, key: str, *script: Any) -> Any:
+    world.fetcher.then(*script)
+    return world.reconciler.reconcile(key)
+
+
+def delete_hsec(world: World, name: str = NAME) -> None:
+    del world.kube.himitsu_secrets[(NS, name)]
+    world.reconciler.reconcile(f"{NS}/{name}")
+
+
+def meta(world: World, name: str = TARGET) -> dict[str, Any]:
+    return world.kube.secret(NS, name)["metadata"]
+
+
+# --- issue 21 item 1: a successor removes nothing it did not write ---------------------
+
+
+def test_a_merge_successor_keeps_the_keys_its_predecessor_wrote() -> None:
+    world = merge_world(consent="*")
+    world.sync(5, {"DB_URL": "postgres://a"})
+    delete_hsec(world)
+    b = successor(world)
+    assert reconcile_as(world, b, fetched(1, {"B_KEY": "b"})).error is None
+    assert world.data() == {"HELM_KEY": "helm-value", "DB_URL": "postgres://a", "B_KEY": "b"}
+    # And on B's later syncs too: DB_URL was never B's.
+    world.clock.advance(60)
+    assert reconcile_as(world, b, fetched(2, {"B_KEY": "b2"})).error is None
+    assert world.data() == {"HELM_KEY": "helm-value", "DB_URL": "postgres://a", "B_KEY": "b2"}
+
+
+def test_a_predecessor_key_of_the_same_name_is_overwritten_and_becomes_the_successors() -> None:
+    world = merge_world(consent="*")
+    world.sync(5, {"DB_URL": "postgres://a", "A_ONLY": "a"})
+    delete_hsec(world)
+    b = successor(world)
+    assert reconcile_as(world, b, fetched(1, {"DB_URL": "postgres://b"})).error is None
+    assert world.data()["DB_URL"] == "postgres://b"
+    world.clock.advance(60)
+    assert reconcile_as(world, b, fetched(2, {"OTHER": "x"})).error is None
+    # B drops DB_URL (now its own); A's other key stays, as does Helm's.
+    assert world.data() == {"HELM_KEY": "helm-value", "A_ONLY": "a", "OTHER": "x"}
+
+
+def test_a_recreated_himitsu_secret_of_the_same_name_is_another_writer() -> None:
+    world = merge_world()
+    world.sync(5, {"OLD": "1"})
+    obj = make_hsec(policy="Merge")  # same name, a new uid
+    world.kube.himitsu_secrets.pop((NS, NAME))
+    world.kube.add_himitsu_secret(obj)
+    world.restart()
+    world.sync(6, {"NEW": "2"})
+    assert world.data() == {"HELM_KEY": "helm-value", "OLD": "1", "NEW": "2"}
+
+
+# --- issue 27 item 1: a Merge needs the target's consent ---------------------------------
+
+
+def refused_byte_for_byte(world: World, *script: Any) -> None:
+    """Refused before Himitsu is asked (``script``: what it would have answered)."""
+    before = copy.deepcopy(world.target())
+    writes, asked = world.kube.writes(), len(world.fetcher.calls)
+    result = reconcile_as(world, f"{NS}/{NAME}", *script)
+    assert result.error == "TargetConflict"
+    assert f"{api.ANN_ALLOW_MERGE_BY}: {NAME}" in world.ready()["message"]
+    assert (world.kube.writes(), len(world.fetcher.calls)) == (writes, asked)
+    assert world.target() == before
+    assert [(e.type, e.reason) for e in world.kube.events if e.type == "Warning"] == [
+        ("Warning", "TargetConflict")]
+
+
+def test_a_merge_without_consent_leaves_the_target_byte_for_byte() -> None:
+    refused_byte_for_byte(merge_world(consent=None))
+
+
+def test_a_merge_of_a_node_options_key_into_another_teams_secret_is_refused() -> None:
+    refused_byte_for_byte(merge_world(consent=None),
+                          fetched(1, {"NODE_OPTIONS": "--require /tmp/x.js"}))
+
+
+def test_a_replicator_annotation_through_the_template_is_refused() -> None:
+    world = merge_world(consent=None, template={"annotations": {
+        "replicator.v1.mittwald.de/replicate-to": "attacker-ns"}})
+    refused_byte_for_byte(world)
+
+
+def test_a_workload_reading_a_refused_target_is_not_restarted() -> None:
+    world = merge_world(consent=None, rolloutRestartTargets=[{"kind": "Deployment",
+                                                               "name": "web"}])
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    refused_byte_for_byte(world)
+    world.clock.advance(600)
+    world.reconcile()
+    assert world.kube.restarts == []
+
+
+def test_another_himitsu_secrets_consent_is_not_this_ones() -> None:
+    refused_byte_for_byte(merge_world(consent="someone-else"))
+
+
+@pytest.mark.parametrize("consent", ["*", NAME, f"other, {NAME}"])
+def test_a_consenting_target_is_merged_into(consent: str) -> None:
+    world = merge_world(consent=consent)
+    world.sync(5)
+    assert world.data()["HELM_KEY"] == "helm-value"
+    assert meta(world)["annotations"][api.ANN_ALLOW_MERGE_BY] == consent
+
+
+def test_withdrawn_consent_stops_every_write() -> None:
+    world = merge_world()
+    world.sync(5)
+    target = world.target()
+    del target["metadata"]["annotations"][api.ANN_ALLOW_MERGE_BY]
+    world.kube.edit_secret(NS, TARGET, metadata=target["metadata"])
+    world.edit_spec(environmentId=OTHER_ENV)  # a change that would write
+    refused_byte_for_byte(world)
+
+
+def test_a_merge_target_the_operator_created_needs_no_consent() -> None:
+    world = World(policy="Merge")
+    world.sync(5)
+    world.poll(fetched(6, {"NEW": "1"}))
+    assert world.data() == {"NEW": "1"}
+
+
+def test_a_target_created_for_a_deleted_namesake_needs_consent() -> None:
+    world = World(policy="Merge")
+    world.sync(5)
+    world.kube.himitsu_secrets.pop((NS, NAME))
+    world.kube.add_himitsu_secret(make_hsec(policy="Merge"))  # same name, new uid
+    world.restart()
+    world.kube.events.clear()
+    refused_byte_for_byte(world)
+
+
+def test_merge_template_metadata_never_overwrites_a_foreign_key() -> None:
+    world = merge_world(template={"annotations": {
+        "meta.helm.sh/release-name": "mine", "example.com/new": "n"}})
+    world.sync(5)
+    ann = meta(world)["annotations"]
+    assert ann["meta.helm.sh/release-name"] == "r"
+    assert ann["example.com/new"] == "n"
+    assert ann[api.ANN_TEMPLATE_ANNOTATIONS] == "example.com/new"
+
+
+def test_service_account_annotations_are_reserved_in_templates() -> None:
+    obj = make_hsec(template={"annotations": {"kubernetes.io/service-account.name": "default"}})
+    with pytest.raises(api.InvalidSpec, match="service-account"):
+        api.parse_spec(obj)
+
+
+# --- issue 21 item 4: removed template metadata leaves the target --------------------------
+
+
+def test_a_label_removed_from_an_owner_template_leaves_the_target() -> None:
+    world = World(template={"labels": {"team": "a", "tier": "x"},
+                            "annotations": {"example.com/replicate-to": "ns"}})
+    world.sync(5)
+    labels = meta(world)["labels"]
+    labels["by-hand"] = "yes"
+    world.kube.edit_secret(NS, TARGET, metadata=meta(world) | {"labels": labels})
+    world.edit_target_spec(template={"labels": {"team": "a"}})
+    world.sync(5)
+    got = meta(world)
+    assert {k: v for k, v in got["labels"].items() if not api.is_reserved_key(k)} == {
+        "team": "a", "by-hand": "yes"}
+    assert "example.com/replicate-to" not in got["annotations"]
+
+
+def test_a_merge_template_removes_only_what_it_applied() -> None:
+    world = merge_world(template={"annotations": {"meta.helm.sh/release-name": "mine",
+                                                  "example.com/ours": "1"}})
+    world.sync(5)
+    world.edit_target_spec(template={})
+    world.sync(5)
+    ann = meta(world)["annotations"]
+    assert ann["meta.helm.sh/release-name"] == "r"
+    assert "example.com/ours" not in ann
+    assert api.ANN_TEMPLATE_ANNOTATIONS not in ann
+
+
+def test_a_removed_template_key_is_repaired_without_a_spec_edit() -> None:
+    """Level-based: a target carrying a key the template applied and holds no more is
+    not consistent, whoever put it back."""
+    world = World(template={"labels": {"team": "a"}})
+    world.sync(5)
+    labels = meta(world)["labels"]
+    world.kube.edit_secret(NS, TARGET, metadata=meta(world) | {"labels": {**labels,
+                                                                          "stale": "1"}})
+    got = meta(world)
+    got["annotations"][api.ANN_TEMPLATE_LABELS] = "stale,team"
+    world.kube.edit_secret(NS, TARGET, metadata=got)
+    world.poll(fetched(5))  # a 304 would have left it
+    assert "stale" not in meta(world)["labels"]
+
+
+# --- issue 21 item 5: a renamed target leaves no stale copy --------------------------------
+
+
+def test_a_renamed_owner_target_deletes_the_old_secret_once_the_new_one_is_written() -> None:
+    world = World()
+    world.sync(5)
+    world.edit_target_spec(name="renamed")
+    world.sync(5)
+    assert (NS, TARGET) not in world.kube.secrets
+    assert unb64(world.kube.secret(NS, "renamed")["data"]) == fetched(5).secrets
+    normal = [e for e in world.kube.events if e.reason == "PreviousTargetReleased"]
+    assert len(normal) == 1 and normal[0].type == "Normal" and TARGET in normal[0].message
+
+
+def test_a_renamed_merge_target_loses_our_keys_and_stamps_and_keeps_the_rest() -> None:
+    world = merge_world(template={"annotations": {"example.com/ours": "1"}})
+    world.sync(5)
+    world.edit_target_spec(name="renamed")
+    world.sync(5)
+    old = world.kube.secret(NS, TARGET)
+    assert unb64(old["data"]) == {"HELM_KEY": "helm-value"}
+    assert old["metadata"]["labels"] == {api.LABEL_MANAGED_BY: "Helm"}
+    assert old["metadata"]["annotations"] == {"meta.helm.sh/release-name": "r",
+                                              api.ANN_ALLOW_MERGE_BY: NAME}
+    assert [e.type for e in world.kube.events if e.reason == "PreviousTargetReleased"] == [
+        "Normal"]
+
+
+def test_the_old_target_stays_while_the_new_one_cannot_be_written() -> None:
+    world = World()
+    world.sync(5)
+    world.kube.put_secret({"metadata": {"namespace": NS, "name": "taken"},
+                           "data": {"X": b64("y")}})
+    world.edit_target_spec(name="taken")
+    assert world.reconcile().error == "TargetConflict"
+    assert (NS, TARGET) in world.kube.secrets
+
+
+def test_another_himitsu_secrets_target_is_never_released() -> None:
+    world = World()
+    world.sync(5)
+    other = make_hsec(target={"name": "elsewhere", "creationPolicy": "Owner"})
+    other["metadata"]["name"] = "other"
+    world.kube.add_himitsu_secret(other)
+    assert reconcile_as(world, f"{NS}/other", fetched(5)).error is None
+    assert (NS, TARGET) in world.kube.secrets
+    assert (NS, "elsewhere") in world.kube.secrets
