@@ -324,8 +324,12 @@ class KubeClient:
                 raise Conflict(f"Secret {name!r} changed while writing", status=409) from None
             raise _kube_error(exc, f"updating Secret {name!r}") from None
 
-    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+    def delete_secret(self, namespace: str, name: str, *, uid: str,
+                      resource_version: str | None = None) -> None:
+        preconditions = {"uid": uid}
+        if resource_version:
+            preconditions["resourceVersion"] = resource_version
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions}
         try:
             self._request("DELETE", SECRETS.path(namespace, name), body=body)
         except ApiError as exc:

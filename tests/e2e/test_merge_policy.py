@@ -10,12 +10,14 @@ from .kubehelp import KubeApi, decoded, hsec_path, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
 
 HELM = {"app.kubernetes.io/managed-by": "Helm"}
+# The foreign Secret's consent to a Merge by the HimitsuSecret ``app`` (issue 27).
+CONSENT = {"himitsu.io/allow-merge-by": "app"}
 
 
 def _merged(h: Harness, ns: str, *keys: str) -> tuple[Sync, dict[str, str]]:
     """A Helm-style Secret with foreign keys, and a Merge HimitsuSecret synced into it."""
     foreign = h.canary.values("HELM_VALUE", "CHART_PASSWORD")
-    h.secret(ns, "app-secrets", foreign, labels=dict(HELM))
+    h.secret(ns, "app-secrets", foreign, labels=dict(HELM), annotations=dict(CONSENT))
     sync = h.sync(ns, *keys, target="app-secrets", policy="Merge")
     h.wait_data(ns, "app-secrets", {**foreign, **sync.values})
     return sync, foreign
@@ -69,7 +71,8 @@ def test_a_merge_target_that_would_outgrow_1_mib_is_invalid_spec_and_untouched(
 ) -> None:
     # The foreign keys alone are just under the limit; ours would tip it over.
     foreign = {"BUNDLE": h.canary.padded_value("bundle", 1024 * 1024 - 16)}
-    before = h.secret(ns, "app-secrets", foreign, labels=dict(HELM))
+    before = h.secret(ns, "app-secrets", foreign, labels=dict(HELM),
+                      annotations=dict(CONSENT))
 
     sync = h.sync(ns, "API_KEY", "DB_PASSWORD", target="app-secrets", policy="Merge",
                   wait=False)

@@ -62,6 +62,9 @@ CEL_TWINS: dict[str, Callable[[Any], bool]] = {
     "self.all(k, k != 'app.kubernetes.io/managed-by' && !k.matches('^([^/]*[.])?himitsu[.]io/'))": (
         lambda m: not any(api.is_reserved_key(k) for k in m)
     ),
+    "self.all(k, !k.startsWith('kubernetes.io/service-account.'))": (
+        lambda m: not any(k.startswith("kubernetes.io/service-account.") for k in m)
+    ),
 }
 
 
@@ -614,6 +617,8 @@ def _mutated(change: Callable[[Any], None]) -> Any:
             api.LABEL_MANAGED_BY: "himitsu-operator"}}), "reserved"),
         (lambda s: s["target"].update(template={"labels": {
             api.LABEL_MANAGED: "true"}}), "reserved"),
+        (lambda s: s["target"].update(template={"annotations": {
+            "kubernetes.io/service-account.name": "default"}}), "token controller"),
         (lambda s: s["authSecretRef"].update(namespace="other"), "namespace is not supported"),
         (lambda s: s["target"].update(namespace="other"), "spec.target.namespace: unknown"),
     ],

@@ -81,7 +81,10 @@ class Kube(Workloads, Protocol):
         """Raise KubeError when the apiserver would refuse to create ``body`` were its
         name free; nothing is stored."""
     def update_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
-    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None: ...
+    def delete_secret(self, namespace: str, name: str, *, uid: str,
+                      resource_version: str | None = None) -> None:
+        """Delete with a uid precondition (and ``resource_version``: unchanged since
+        read); Conflict when a precondition fails."""
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
                      uid: str = "") -> None: ...
     def record_event(

@@ -48,6 +48,7 @@ from hypothesis.stateful import (
 from model_checks import CHECKS, Oracle
 from model_himitsu import WINDOW
 from model_kube import DEPLOY, FAULTS, HSEC, SECRET
+from model_merge import MERGE_CHECKS, MergeRules
 from model_rollout import spec_fields, workload
 from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
 
@@ -92,10 +93,12 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-class SyncModel(RuleBasedStateMachine):
-    """The user, the cluster and Himitsu; ``checks`` are the invariants enforced."""
+class SyncModel(MergeRules, RuleBasedStateMachine):
+    """The user, the cluster and Himitsu; ``checks`` are the invariants enforced (the
+    rules and checks of Merge targets, consent, template metadata and renames are
+    model_merge.py's)."""
 
-    checks: frozenset[str] = CHECKS
+    checks: frozenset[str] = CHECKS | MERGE_CHECKS
     slots = Bundle("slots")  # HimitsuSecrets the user created (most rules act on one)
 
     def __init__(self) -> None:
@@ -327,6 +330,8 @@ class SyncModel(RuleBasedStateMachine):
         if "restart" in self.checks:
             problems = world.oracle.rollout.settled_problems()
             assert not problems, "\n".join(problems)
+        problems = world.oracle.merge.settled_problems(self.checks)
+        assert not problems, "\n".join(problems)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -380,7 +385,7 @@ MODEL_TIMEOUT = pytest.mark.timeout(1200)
 
 @MODEL_TIMEOUT
 def test_model_based_sync_invariants() -> None:
-    run_model(CHECKS - PENDING.keys())
+    run_model((CHECKS | MERGE_CHECKS) - PENDING.keys())
 
 
 @MODEL_TIMEOUT

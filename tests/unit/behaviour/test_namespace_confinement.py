@@ -81,9 +81,14 @@ class RecordingKube(FakeKube):
         self._note("update_secret body", str(body["metadata"].get("namespace", namespace)))
         return super().update_secret(namespace, body)
 
-    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None:
+    def delete_secret(self, namespace: str, name: str, *, uid: str,
+                      resource_version: str | None = None) -> None:
         self._note("delete_secret", namespace)
-        super().delete_secret(namespace, name, uid=uid)
+        super().delete_secret(namespace, name, uid=uid, resource_version=resource_version)
+
+    def secrets_owned_by(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        self._note("secrets_owned_by", namespace)
+        return super().secrets_owned_by(namespace, uid)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
                      uid: str = "") -> None:

@@ -21,7 +21,6 @@ F4: a Warning Event is lost whenever the Ready=False status patch fails.
 from __future__ import annotations
 
 import builtins
-
 import copy
 from datetime import UTC, datetime
 from pathlib import Path
@@ -100,7 +99,7 @@ class _NoStore:
     def list(self) -> list[dict[str, Any]]:
         return []
 
-    def by_index(self, index: str, value: str) -> "builtins.list[dict[str, Any]]":
+    def by_index(self, index: str, value: str) -> builtins.list[dict[str, Any]]:
         return []
 
 

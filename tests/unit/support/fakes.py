@@ -241,12 +241,14 @@ class FakeKube:
         self.secrets[(namespace, name)] = stored
         return copy.deepcopy(stored)
 
-    def delete_secret(self, namespace: str, name: str, *, uid: str) -> None:
+    def delete_secret(self, namespace: str, name: str, *, uid: str,
+                      resource_version: str | None = None) -> None:
         self._maybe_fail("delete_secret")
         current = self.secrets.get((namespace, name))
         if current is None:
             return
-        if current["metadata"]["uid"] != uid:
+        if current["metadata"]["uid"] != uid or resource_version not in (
+                None, current["metadata"]["resourceVersion"]):
             raise Conflict(f"Secret {name!r} was replaced", status=409)
         if current["metadata"].get("finalizers"):  # terminating until they are removed
             current["metadata"].setdefault("deletionTimestamp", "2024-05-06T07:08:09Z")

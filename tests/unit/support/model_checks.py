@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from model_himitsu import WINDOW, Request
 from model_kube import DEPLOY, HSEC, SECRET, Change, secret_errors
+from model_merge import MergeOracle
 from model_rollout import RolloutOracle
 
 from himitsu_controller import api
@@ -122,6 +123,7 @@ class Oracle:
         self.quiet: dict[tuple[str, str], int] = {}  # (env id, token) -> version at restart
         self._deleted: list[str] = []
         self.rollout = RolloutOracle(world, self.violation)  # ``restart``: model_rollout.py
+        self.merge = MergeOracle(world, self.violation)  # Merge and metadata: model_merge.py
 
     def violation(self, message: str) -> None:
         """Record a broken invariant; ``message`` starts with the check's name."""
@@ -197,6 +199,8 @@ class Oracle:
 
     def before_write(self, method: str, resource: str, namespace: str, name: str,
                      body: Mapping[str, Any] | None) -> None:
+        if resource == SECRET:
+            self.merge.before_write(method, name, body)
         if resource != SECRET or method not in ("PUT", "DELETE"):
             return
         prior = self.world.server.get(SECRET, namespace, name)
@@ -212,7 +216,8 @@ class Oracle:
             if not (is_ours(prior) and mine):
                 self.violation(f"foreign: reconcile of {key} deleted Secret {name!r}, which "
                                "is not its own target")
-            self._deleted.append(name)
+            if spec is None or name == spec.target.name:  # not an earlier target released
+                self._deleted.append(name)
             return
         if is_ours(prior):
             return
@@ -234,14 +239,16 @@ class Oracle:
     def after_write(self, method: str, resource: str, namespace: str, name: str,
                     stored: dict[str, Any] | None) -> None:
         key, spec = self._current()
+        if resource == SECRET:
+            self.merge.after_write(method, name, stored)
         if resource == DEPLOY and method == "PATCH":
             self.rollout.restarted(name)
         elif resource == HSEC and stored is not None:
             self.rollout.status_written(name, stored)
         if stored is None or spec is None:
             return
-        if resource == SECRET and method in ("POST", "PUT"):
-            self._check_rendered(key, spec, stored)
+        if resource == SECRET and method in ("POST", "PUT") and name == spec.target.name:
+            self._check_rendered(key, spec, stored)  # (not an earlier target released)
         elif resource == HSEC and ready(stored) == ("True", "Synced"):
             version = int((stored.get("status") or {}).get("configVersion", -1))
             self._check_fresh(key, spec, version, "reported Synced at", clear=True)
@@ -325,6 +332,14 @@ class Oracle:
                 version = held
         rendered = rendering(spec, self.world.himitsu.data(env, version))
         expected_failure = self._failure_expected(spec, target, rendered)
+        if self.merge.refusal(obj, spec, target):
+            reasons = {"TargetConflict"} | (expected_failure or (set(), ""))[0]
+            expected_failure = reasons, "the target does not consent to a Merge by it"
+        shared = any(api.parse_spec(o).target.name == spec.target.name
+                     and o["metadata"]["name"] != name
+                     for o in self.world.server.objects_of(HSEC))
+        if shared and state == ("False", "TargetConflict") and not strict:
+            return None  # two HimitsuSecrets name it: one of them holds it
         if expected_failure is not None:
             if strict:
                 return "cannot be synced"
@@ -346,11 +361,7 @@ class Oracle:
             problems.append(f"type {target.get('type')} != {spec.target.type}")
         if labels.get(api.LABEL_MANAGED) != "true":
             problems.append("label himitsu.io/managed missing")
-        missing = {k: v for k, v in {**spec.target.template.labels}.items() if labels.get(k) != v}
-        missing.update({k: v for k, v in spec.target.template.annotations.items()
-                        if ann.get(k) != v})
-        if missing:
-            problems.append(f"template labels/annotations missing: {sorted(missing)}")
+        # Its template metadata: the ``template`` check (model_merge.py).
         if ann.get(api.ANN_OWNED_BY) != name or ann.get(api.ANN_SOURCE) != spec.source_hash():
             problems.append("owned-by or source-hash annotation wrong")
         refs = (target.get("metadata") or {}).get("ownerReferences") or []

@@ -242,6 +242,12 @@ class ApiServer:
         if current is None:
             raise status_error(404, "NotFound", f'{_kind(resource)} "{name}" not found')
         uid = (preconditions or {}).get("uid")
+        rv = (preconditions or {}).get("resourceVersion")
+        if rv and rv != current["metadata"]["resourceVersion"]:
+            raise status_error(409, "Conflict", (
+                f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: '
+                f"ResourceVersion in precondition: {rv}, ResourceVersion in object meta: "
+                f"{current['metadata']['resourceVersion']}"))
         if uid and uid != current["metadata"]["uid"]:
             raise status_error(409, "Conflict", (
                 f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: '

@@ -477,4 +477,5 @@ def test_managed_keys_parsing() -> None:
     secret = {"metadata": {"annotations": {api.ANN_MANAGED_KEYS: "B,A,,A"}}}
     assert targets.managed_keys(secret) == ["A", "B"]
     assert targets.managed_keys(None) == []
-    assert targets.our_previous_keys(secret, policy="Merge", owner=OWNER) == []  # no owned-by: not ours
+    # no owned-by: not ours
+    assert targets.our_previous_keys(secret, policy="Merge", owner=OWNER) == []

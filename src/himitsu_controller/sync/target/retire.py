@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from himitsu_controller import api, metrics
-from himitsu_controller.sync.memory import uid_of
+from himitsu_controller.sync.memory import resource_version, uid_of
 from himitsu_controller.sync.ports import Kube
 from himitsu_controller.sync.target import scrub, stamps, targets
 
@@ -41,7 +41,10 @@ def old_targets(kube: Kube, obj: Mapping[str, Any], *, owner: targets.Owner,
         sent = [str(v) for v in (whole.get("data") or {}).values()]
         with scrub.redacting(sent):
             if stamps.has_controller_ref(whole, uid=owner.uid):
-                kube.delete_secret(ns, name, uid=uid_of(whole))
+                # Unchanged since read: a Secret rewritten meanwhile (another
+                # HimitsuSecret took the name over) is judged again next time.
+                kube.delete_secret(ns, name, uid=uid_of(whole),
+                                   resource_version=resource_version(whole))
                 metrics.count_write("delete")
                 said = (f"deleted Secret {name!r}, the earlier target of this HimitsuSecret "
                         f"(target.name is now {spec.target.name!r})")

@@ -5,7 +5,7 @@ when the stamps name this HimitsuSecret by name and uid: a name is reused, a uid
 Whatever another writer recorded is foreign. The template's labels and annotations are
 applied over what the target holds: on an Owner target they overwrite, on a Merge target
 they only add keys the target lacks; either way the applied keys are recorded, and a key
-is removed only when the template applied it and holds it no more (``docs/design``).
+is removed only when the template applied it and holds it no more.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ def delete_hsec(world: World, name: str = NAME) -> None:
 
 
 def meta(world: World, name: str = TARGET) -> dict[str, Any]:
-    return world.kube.secret(NS, name)["metadata"]
+    found: dict[str, Any] = world.kube.secret(NS, name)["metadata"]
+    return found
 
 
 # --- issue 21 item 1: a successor removes nothing it did not write ---------------------
