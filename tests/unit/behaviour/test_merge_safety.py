@@ -267,3 +267,25 @@ def test_another_himitsu_secrets_target_is_never_released() -> None:
     assert reconcile_as(world, f"{NS}/other", fetched(5)).error is None
     assert (NS, TARGET) in world.kube.secrets
     assert (NS, "elsewhere") in world.kube.secrets
+
+
+def test_a_renamed_merge_target_the_operator_created_and_nobody_else_wrote_is_deleted() -> None:
+    world = World(policy="Merge")
+    world.sync(5)
+    world.edit_target_spec(name="renamed")
+    world.sync(5)
+    assert (NS, TARGET) not in world.kube.secrets
+    assert unb64(world.kube.secret(NS, "renamed")["data"]) == fetched(5).secrets
+
+
+def test_a_renamed_merge_target_the_operator_created_keeps_what_others_added() -> None:
+    world = World(policy="Merge")
+    world.sync(5)
+    target = world.target()
+    target["data"]["THEIRS"] = b64("t")
+    world.kube.edit_secret(NS, TARGET, data=target["data"])
+    world.edit_target_spec(name="renamed")
+    world.sync(5)
+    old = world.kube.secret(NS, TARGET)
+    assert unb64(old["data"]) == {"THEIRS": "t"}
+    assert not old["metadata"].get("labels") and not old["metadata"].get("annotations")

@@ -212,7 +212,7 @@ class Oracle:
             refs = (prior.get("metadata") or {}).get("ownerReferences") or []
             uid = ((self.world.current_obj or {}).get("metadata") or {}).get("uid")
             mine = _annotations(prior).get(api.ANN_OWNED_BY) == key.partition("/")[2] or any(
-                _our_ref(r) and r.get("uid") == uid for r in refs)
+                _our_ref(r) and r.get("uid") == uid for r in refs) or self.merge.orphan(prior)
             if not (is_ours(prior) and mine):
                 self.violation(f"foreign: reconcile of {key} deleted Secret {name!r}, which "
                                "is not its own target")

@@ -145,10 +145,19 @@ class MergeOracle:
             if before.get(item) != value:
                 record[item] = uid
         self.last_writer[secret_uid] = uid
-        if method == "POST" or spec.target.creation_policy == "Owner":
+        if name != spec.target.name:  # an earlier target released: nothing of it is ours
+            self.created_for.pop(secret_uid, None)
+        elif method == "POST" or spec.target.creation_policy == "Owner":
             self.created_for[secret_uid] = uid
         elif self.created_for.get(secret_uid) not in (None, uid):
             del self.created_for[secret_uid]  # another's stamps now: not "created for" it
+
+    def orphan(self, secret: Mapping[str, Any]) -> bool:
+        """Created by the operator for a HimitsuSecret that is gone: the contract lets an
+        Owner HimitsuSecret take it (and replace it for a type change)."""
+        creator = self.created_for.get(_uid(secret))
+        return creator is not None and creator not in {
+            _uid(o) for o in self.world.server.objects_of(HSEC)}
 
     # -- what a HimitsuSecret must say, and what a quiet period must end in ----------------
 

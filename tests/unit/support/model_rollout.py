@@ -111,7 +111,8 @@ class RolloutOracle:
             ready = [c for c in (obj.get("status") or {}).get("conditions") or []
                      if c.get("type") == "Ready" and c.get("status") == "True"]
             pods = self.pods.get(name)
-            if ready and pods is not None and pods != self.rendering(name):
+            named = (obj.get("spec") or {}).get("rolloutRestartTargets")  # none: no one's
+            if ready and named and pods is not None and pods != self.rendering(name):
                 problems.append(f"restart: after a quiet period w{name[1:]}'s pods still have "
                                 f"older data than {name}'s target")
         return problems

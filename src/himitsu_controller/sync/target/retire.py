@@ -49,15 +49,31 @@ def old_targets(kube: Kube, obj: Mapping[str, Any], *, owner: targets.Owner,
                 said = (f"deleted Secret {name!r}, the earlier target of this HimitsuSecret "
                         f"(target.name is now {spec.target.name!r})")
             elif stamps.stamped_by(whole, name=owner.name, uid=owner.uid):
-                kube.update_secret(ns, stamps.without_ours(whole, name=owner.name,
-                                                           uid=owner.uid))
-                metrics.count_write("update")
-                said = (f"removed this HimitsuSecret's keys and stamps from Secret {name!r}, "
-                        f"its earlier target (target.name is now {spec.target.name!r}); "
-                        "its other keys, labels and annotations are left as they are")
+                said = _release_merged(kube, whole, owner=owner, spec=spec)
             else:
                 continue
         try:
             kube.record_event(obj, type="Normal", reason=REASON, message=said)
         except Exception as exc:  # best effort, as every Event
             log.warning("recording event failed", reason=REASON, error=type(exc).__name__)
+
+
+def _release_merged(kube: Kube, whole: dict[str, Any], *, owner: targets.Owner,
+                    spec: api.Spec) -> str:
+    """A Merge target loses what this HimitsuSecret wrote; one the operator created for
+    it, holding nothing of anyone else's once that is gone, is deleted instead."""
+    name = str(whole["metadata"]["name"])
+    stripped = stamps.without_ours(whole, name=owner.name, uid=owner.uid)
+    meta = stripped["metadata"]
+    now = f"(target.name is now {spec.target.name!r})"
+    if stamps.created_for(whole, name=owner.name, uid=owner.uid) and not (
+            stripped.get("data") or meta.get("labels") or meta.get("annotations")):
+        kube.delete_secret(owner.namespace, name, uid=uid_of(whole),
+                           resource_version=resource_version(whole))
+        metrics.count_write("delete")
+        return (f"deleted Secret {name!r}, the earlier target the operator created for this "
+                f"HimitsuSecret, which held nothing else {now}")
+    kube.update_secret(owner.namespace, stripped)
+    metrics.count_write("update")
+    return (f"removed this HimitsuSecret's keys and stamps from Secret {name!r}, its earlier "
+            f"target {now}; its other keys, labels and annotations are left as they are")
