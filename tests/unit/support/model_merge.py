@@ -153,11 +153,14 @@ class MergeOracle:
             del self.created_for[secret_uid]  # another's stamps now: not "created for" it
 
     def orphan(self, secret: Mapping[str, Any]) -> bool:
-        """Created by the operator for a HimitsuSecret that is gone: the contract lets an
-        Owner HimitsuSecret take it (and replace it for a type change)."""
+        """Created by the operator for a HimitsuSecret that is gone or names another
+        target now: the contract lets an Owner HimitsuSecret take it (and replace it for
+        a type change)."""
         creator = self.created_for.get(_uid(secret))
+        name = (secret.get("metadata") or {}).get("name")
         return creator is not None and creator not in {
-            _uid(o) for o in self.world.server.objects_of(HSEC)}
+            _uid(o) for o in self.world.server.objects_of(HSEC)
+            if api.parse_spec(o).target.name == name}
 
     # -- what a HimitsuSecret must say, and what a quiet period must end in ----------------
 
