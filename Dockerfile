@@ -81,11 +81,12 @@ RUN set -eu; \
     done; \
     rm -rf "$stdlib"/ensurepip "$stdlib"/idlelib "$stdlib"/tkinter "$stdlib"/turtledemo \
       "$stdlib"/lib2to3 "$stdlib"/test "$stdlib"/pydoc_data "$stdlib"/config-3.* \
-      /etc/apt /var/lib/apt /var/cache/apt /var/cache/debconf /var/log/* /usr/lib/apt \
-      /usr/lib/dpkg /usr/share/dpkg /usr/share/debconf /etc/dpkg /usr/share/perl* \
-      /usr/lib/*/perl* /usr/share/man /usr/share/info /usr/share/locale /usr/share/lintian \
-      /usr/share/bash-completion /usr/share/bug /usr/share/menu /etc/cron.daily \
-      /etc/logrotate.d /usr/local/include /usr/include; \
+      /etc/apt /etc/dpkg /var/lib/apt /var/cache/apt /var/cache/debconf /var/log/* \
+      /usr/lib/apt /usr/lib/dpkg /usr/libexec/dpkg /usr/lib/*/libapt-* /usr/share/dpkg \
+      /usr/share/debconf \
+      /usr/share/perl* /usr/lib/*/perl* /usr/share/man /usr/share/info /usr/share/locale \
+      /usr/share/lintian /usr/share/bash-completion /usr/share/bug /usr/share/menu \
+      /etc/cron.daily /etc/logrotate.d /usr/local/include /usr/include; \
     find "$stdlib" -depth -type d \( -name test -o -name tests -o -name idle_test \) \
       -exec rm -rf {} +; \
     python3 -m compileall -q -j0 "$stdlib"; \

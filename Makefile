@@ -128,8 +128,9 @@ lock: venv ## Renew requirements.lock (the image's packages) and hack/image/buil
 	bash hack/image/lock.sh
 
 .PHONY: docker-smoke
-docker-smoke: venv docker-build ## Run $(IMG) as deploy/manager does (read-only, 65532, no caps, in-cluster config): sync, SIGTERM
-	E2E_IMAGE='$(IMG)' $(PY) -m pytest tests/e2e/test_image.py -m image -rs $(PYTEST_ARGS)
+docker-smoke: venv docker-build ## Run $(IMG) as deploy/manager does (read-only, 65532, no caps, in-cluster config): sync, SIGTERM; its packages and SBOM against the lock
+	E2E_IMAGE='$(IMG)' $(PY) -m pytest tests/e2e/test_image.py tests/e2e/test_image_contents.py \
+	  -m image -rs $(PYTEST_ARGS)
 
 ##@ kind (needs Docker and Go; KIND_OFFLINE=1 builds every image locally, no registry)
 KIND_OFFLINE ?=
