@@ -22,12 +22,12 @@ from tls_server import Pki, make_pki
 
 from . import cluster_setup
 from .harness import Harness
-from .kubehelp import KubeApi, kubectl, wait_for
+from .kubehelp import REPO, KubeApi, kubectl, wait_for
 from .operator_proc import OperatorLauncher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_only]
 
-COMPONENT = cluster_setup.REPO / "deploy" / "components" / "metrics-secure"
+COMPONENT = REPO / "deploy" / "components" / "metrics-secure"
 HOST = "kubernetes.default.svc"  # the name make_pki's server certificate is for
 NS = cluster_setup.OPERATOR_NAMESPACE
 
@@ -118,8 +118,11 @@ def test_secure_metrics_answer_401_403_and_200_as_the_apiserver_decides(
     # RBAC reaches the apiserver's authorizer within moments; errors are never cached.
     wait_for(lambda: scrape(port, pki.ca, stranger)[0] == 403, timeout=30,
              what="403 for a token without metrics-reader")
-    status, body = wait_for(lambda: (r := scrape(port, pki.ca, reader))[0] == 200 and r,
-                            timeout=30, what="200 for a token with metrics-reader")
+    def granted() -> tuple[int, str] | None:
+        answer = scrape(port, pki.ca, reader)
+        return answer if answer[0] == 200 else None
+
+    status, body = wait_for(granted, timeout=30, what="200 for a token with metrics-reader")
     assert 'controller_runtime_reconcile_total{controller="himitsusecret",result="success"}' \
         in body
     # The probes stay plain HTTP for the kubelet.
