@@ -129,8 +129,12 @@ class _Server(http.server.HTTPServer):
                 request.send(_BUSY)
             self.shutdown_request(request)
             return
-        threading.Thread(target=self._serve_one, args=(conn, client_address),
-                         name=f"{self.thread_name}-request", daemon=True).start()
+        try:
+            threading.Thread(target=self._serve_one, args=(conn, client_address),
+                             name=f"{self.thread_name}-request", daemon=True).start()
+        except RuntimeError:  # no thread to be had: the connection goes, its slot too
+            self.connections.release(conn)
+            raise
 
     def _serve_one(self, conn: _Connection, client_address: Any) -> None:
         sock = conn.sock
