@@ -91,7 +91,6 @@ class ScrapeAuthorizer:
         self._ttl = {True: allowed_ttl, False: denied_ttl}
         self._cache: OrderedDict[tuple[str, str, str], tuple[float, int, str]] = OrderedDict()
         self._lock = threading.Lock()
-        self.reviews = 0  # TokenReviews sent (the cache's effect shows here)
 
     def authorize(self, authorization: str | None, path: str, verb: str) -> tuple[int, str]:
         scheme, _, token = (authorization or "").strip().partition(" ")
@@ -114,7 +113,6 @@ class ScrapeAuthorizer:
         return status, reason
 
     def _review(self, token: str, path: str, verb: str) -> tuple[int, str]:
-        self.reviews += 1
         try:
             review = self._client.request("POST", TOKEN_REVIEWS, timeout=REVIEW_TIMEOUT, body={
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
