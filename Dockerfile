@@ -1,63 +1,107 @@
 # himitsu-controller image.
 #
-#   make docker-build        (or, with BuildKit: docker build -t ghcr.io/himitsu-io/himitsu-controller:0.1.0 .)
+#   make docker-build        (hack/image/build.sh: BuildKit or buildah, whichever works)
 #
 # The build context is the repository root (see .dockerignore for what is sent).
-# Two stages: the builder installs the package and its runtime dependencies into a venv
-# in /opt/venv; the final image is the base plus that venv, so no build tooling, source
-# tree or pip cache ends up in it.
+# Three stages:
+#   builder   installs requirements.lock into a venv in /opt/venv, pip checking every hash
+#             (--require-hashes), writes the SBOM of that venv (cyclonedx-py), then builds
+#             and installs the package itself with --no-deps. Its tools (setuptools, wheel,
+#             cyclonedx-bom) come from hack/image/build-tools.lock, hashes checked too.
+#   runtime   the same Python base with what a running operator never needs taken out:
+#             pip, setuptools and wheel, apt and dpkg, perl, every shell and every other
+#             program in the bin directories but the Python interpreter; plus the venv.
+#   final     FROM scratch, that tree copied in as one layer: no shell, no package manager,
+#             no installer, only Python, its standard library and the locked packages.
+# The image holds exactly the packages of requirements.lock and the operator; `kubernetes`
+# is not among them (the operator does not import it in a cluster). `make lock` renews
+# the lock files; tests/unit/test_image_lock.py and tests/e2e/test_image_contents.py
+# check the lock, the image and the SBOM (/opt/venv/share/doc/himitsu-controller/sbom.cdx.json)
+# agree.
 #
 # Runtime contract with deploy/manager/manager.yaml (tests/unit/test_deploy.py checks it
 # statically; `make docker-smoke` runs the image under the Deployment's securityContext):
 #   * runs as 65532:65532 (no passwd entry needed; nothing reads or writes $HOME);
-#   * works on a read-only root filesystem: bytecode is compiled at install time and
-#     never written at run time (PYTHONDONTWRITEBYTECODE=1); the only writable path the
-#     process may use is /tmp (an emptyDir in the Deployment);
+#   * works on a read-only root filesystem: bytecode is compiled at build time and never
+#     written at run time (PYTHONDONTWRITEBYTECODE=1); the only writable path the process
+#     may use is /tmp (an emptyDir in the Deployment);
 #   * ports 8080 (metrics) and 8081 (health probes), set by the Deployment's flags.
 #
-# RUN --mount needs BuildKit (the default builder since Docker 23; also podman/buildah):
-# `make docker-build` picks what the host has (hack/image/build.sh). Where no registry is
-# reachable, `make docker-build OFFLINE=1` builds a local Debian Python 3.11 base.
+# The base: Debian bookworm's Python 3.11, pinned by digest for registry builds (renew it
+# with `docker buildx imagetools inspect python:3.11-slim-bookworm`); `make docker-build
+# OFFLINE=1` builds a local one from Debian packages instead (hack/image/python-base.sh).
+# SOURCE_DATE_EPOCH (build.sh: the commit's time) makes pip, compileall and the SBOM
+# reproducible: hash-based .pyc files, no build time recorded.
 # The optional build secret `ca-bundle` is a CA bundle for pip (a TLS-intercepting proxy);
 # a secret mount lends it to one RUN without ever making it part of a layer.
 
-ARG PYTHON_IMAGE=python:3.11-slim
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 FROM ${PYTHON_IMAGE} AS builder
+ARG SOURCE_DATE_EPOCH
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# The dependencies first, in a layer of their own: resolved again only when
-# pyproject.toml changes, not on every source edit. A venv without pip, filled by the
-# base image's pip (--python), so the venv holds no installer.
-COPY pyproject.toml ./
+# The dependencies first, in layers of their own, keyed on the lock files only. A venv
+# without pip, filled by the tools venv's pip (--python). --only-binary: wheels only,
+# nothing is compiled from a source distribution.
+COPY hack/image/build-tools.lock requirements.lock ./
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+ && python -m venv /opt/tools \
+ && /opt/tools/bin/pip install --require-hashes --no-deps --only-binary :all: -r build-tools.lock \
  && python -m venv --without-pip /opt/venv \
- && python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' >/tmp/requirements.txt \
- && pip --python /opt/venv/bin/python install -r /tmp/requirements.txt
+ && /opt/tools/bin/pip --python /opt/venv/bin/python install \
+      --require-hashes --no-deps --only-binary :all: -r requirements.lock
+# The SBOM: every package of the venv (so, of the lock), the operator as root component.
+COPY pyproject.toml ./
+RUN mkdir -p /opt/venv/share/doc/himitsu-controller \
+ && /opt/tools/bin/cyclonedx-py environment --pyproject pyproject.toml --output-reproducible \
+      -o /opt/venv/share/doc/himitsu-controller/sbom.cdx.json /opt/venv/bin/python
 # pyproject.toml names README.md as the package readme, so the build needs it.
 COPY README.md ./
 COPY src/ src/
-# pip builds a wheel of the tree and installs it, compiling the .pyc files now, not at
-# run time. --no-deps: the layer above has them (it is keyed on pyproject.toml).
-RUN --mount=type=secret,id=ca-bundle \
-    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
- && pip --python /opt/venv/bin/python install --no-deps .
+# The wheel is built with the locked setuptools (no build isolation: nothing is fetched)
+# and installed with --no-deps; pip compiles the .pyc files now, not at run time.
+RUN /opt/tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheel . \
+ && /opt/tools/bin/pip --python /opt/venv/bin/python install --no-deps /tmp/wheel/*.whl
 
-FROM ${PYTHON_IMAGE}
+FROM ${PYTHON_IMAGE} AS runtime
+ARG SOURCE_DATE_EPOCH
+ENV PYTHONDONTWRITEBYTECODE=1
+# The base's own packages (pip, setuptools, wheel: the venv does not see them), the parts
+# of the standard library no operator imports, apt, dpkg (its status file stays, for
+# scanners), perl and documentation; the standard library is compiled (a no-op where the
+# base ships .pyc files); last, every program but the interpreter, shells included.
+RUN set -eu; \
+    python="$(readlink -f "$(command -v python3)")"; \
+    stdlib="$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')"; \
+    for site in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))'); do \
+      rm -rf "$site"; \
+    done; \
+    rm -rf "$stdlib"/ensurepip "$stdlib"/idlelib "$stdlib"/tkinter "$stdlib"/turtledemo \
+      "$stdlib"/lib2to3 "$stdlib"/test "$stdlib"/pydoc_data "$stdlib"/config-3.* \
+      /etc/apt /etc/dpkg /var/lib/apt /var/cache/apt /var/cache/debconf /var/log/* \
+      /usr/lib/apt /usr/lib/dpkg /usr/libexec/dpkg /usr/lib/*/libapt-* /usr/share/dpkg \
+      /usr/share/debconf \
+      /usr/share/perl* /usr/lib/*/perl* /usr/share/man /usr/share/info /usr/share/locale \
+      /usr/share/lintian /usr/share/bash-completion /usr/share/bug /usr/share/menu \
+      /etc/cron.daily /etc/logrotate.d /usr/local/include /usr/include; \
+    find "$stdlib" -depth -type d \( -name test -o -name tests -o -name idle_test \) \
+      -exec rm -rf {} +; \
+    python3 -m compileall -q -j0 "$stdlib"; \
+    find /usr/bin /usr/sbin /usr/local/bin /usr/local/sbin -mindepth 1 \
+      ! -samefile "$python" ! \( -type l -name 'python*' ! -name '*-config' \) -delete
+COPY --from=builder /opt/venv /opt/venv
+# Exec form: there is no shell left. Proves the venv runs on what remains.
+RUN ["/opt/venv/bin/himitsu-controller", "--help"]
+
+FROM scratch
+COPY --from=runtime / /
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PATH=/opt/venv/bin:$PATH
-# Only the venv crosses over: no source tree, wheel, build tooling or pip cache. (A COPY,
-# not a bind mount: buildah's layer cache keys a COPY on its content but reuses a RUN
-# whose bind-mounted files changed.) The base's standard library is compiled too when it
-# ships without .pyc files (a no-op when they are there), so nothing is compiled, nor
-# written, at run time; the --help run proves the venv works on this base.
-COPY --from=builder /opt/venv /opt/venv
-RUN python -m compileall -q -j0 -x '/tests?/' \
-    "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" \
- && /opt/venv/bin/himitsu-controller --help >/dev/null
+    LANG=C.UTF-8 \
+    PATH=/opt/venv/bin:/usr/local/bin:/usr/bin
 # Last, so a new version or commit changes only the image config, not a layer.
 ARG VERSION=unknown
 ARG REVISION=unknown

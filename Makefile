@@ -117,15 +117,20 @@ undeploy: ## Remove what `make deploy` applied
 	$(KUBECTL) delete --ignore-not-found -k deploy/
 
 .PHONY: docker-build
-# PYTHON_IMAGE: the Python 3.11 base (python:3.11-slim); OFFLINE=1: build one locally with
+# PYTHON_IMAGE: the Python 3.11 base (the Dockerfile's, pinned by digest); OFFLINE=1: build one locally with
 # mmdebstrap (no registry needed); BUILDER=buildx|docker|buildah skips the detection.
 docker-build: ## Build $(IMG) with docker BuildKit or buildah, whichever works; OFFLINE=1: no registry
 	PYTHON_IMAGE='$(PYTHON_IMAGE)' OFFLINE='$(OFFLINE)' BUILDER='$(BUILDER)' \
 	  bash hack/image/build.sh '$(IMG)'
 
+.PHONY: lock
+lock: venv ## Renew requirements.lock (the image's packages) and hack/image/build-tools.lock, with hashes (uv)
+	bash hack/image/lock.sh
+
 .PHONY: docker-smoke
-docker-smoke: venv docker-build ## Run $(IMG) as deploy/manager does (read-only, 65532, no caps, in-cluster config): sync, SIGTERM
-	E2E_IMAGE='$(IMG)' $(PY) -m pytest tests/e2e/test_image.py -m image -rs $(PYTEST_ARGS)
+docker-smoke: venv docker-build ## Run $(IMG) as deploy/manager does (read-only, 65532, no caps, in-cluster config): sync, SIGTERM; its packages and SBOM against the lock
+	E2E_IMAGE='$(IMG)' $(PY) -m pytest tests/e2e/test_image.py tests/e2e/test_image_contents.py \
+	  -m image -rs $(PYTEST_ARGS)
 
 ##@ kind (needs Docker and Go; KIND_OFFLINE=1 builds every image locally, no registry)
 KIND_OFFLINE ?=

@@ -13,12 +13,14 @@
 # Environment:
 #   BUILDER=buildx|docker|buildah   skip the detection
 #   DOCKER=/path/to/docker          the docker client to use (default: every one on PATH)
-#   PYTHON_IMAGE=ref                the Python 3.11 base (default python:3.11-slim)
+#   PYTHON_IMAGE=ref                the Python 3.11 base (default: the Dockerfile's, pinned
+#                                   by digest)
 #   OFFLINE=1                       no registry: build a local base with
 #                                   hack/image/python-base.sh (mmdebstrap, cached)
 #   CA_BUNDLE=/path/ca.pem          CA bundle for pip inside the build (default $PIP_CERT):
 #                                   for a TLS-intercepting proxy; lent as a build secret,
 #                                   so it never becomes part of a layer
+#   SOURCE_DATE_EPOCH=seconds       recorded build time (default: the last commit's time)
 #   BUILD_FLAGS="--no-cache ..."    more flags for the build command
 set -euo pipefail
 
@@ -86,11 +88,13 @@ if [[ -z "$python_image" && "${OFFLINE:-}" == 1 ]]; then
   [[ -n "$docker_cli" ]] || die "OFFLINE=1 imports the local base into Docker: no Docker daemon answers"
   python_image="$(DOCKER="$docker_cli" bash "$here/python-base.sh" | tail -n1)"
 fi
-python_image="${python_image:-python:3.11-slim}"
+python_image="${python_image:-$(sed -n 's/^ARG PYTHON_IMAGE=//p' "$repo/Dockerfile")}"
 
 version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/src/himitsu_controller/__init__.py")"
 revision="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
-args=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision" -t "$img")
+source_date="${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}"
+args=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision"
+      --build-arg "SOURCE_DATE_EPOCH=$source_date" -t "$img")
 if [[ -n "$ca_bundle" ]]; then
   [[ -r "$ca_bundle" ]] || die "CA_BUNDLE=$ca_bundle is not readable"
   args+=(--secret "id=ca-bundle,src=$ca_bundle")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from himitsu_controller.runtime.leader.election import (
 )
 from himitsu_controller.runtime.leader.writegate import WriteGate
 from himitsu_controller.runtime.manager import Manager
+from himitsu_controller.runtime.metricsauth import ScrapeAuthorizer, SecureServing, ServingCert
 from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.sync import allowlist, summary
 from himitsu_controller.sync.polling import pacing, polls
@@ -169,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     ops = p.add_argument_group("serving and limits")
     ops.add_argument("--metrics-bind-address", default=":8080",
                      help="address for /metrics; '0' disables")
+    ops.add_argument("--metrics-secure", action="store_true",
+                     help="serve /metrics over HTTPS, each scrape authenticated (TokenReview) "
+                          "and authorized (SubjectAccessReview: get on /metrics) by the "
+                          "apiserver; needs --metrics-cert-dir")
+    ops.add_argument("--metrics-cert-dir", default=None, metavar="DIR",
+                     help="tls.crt and tls.key for --metrics-secure (a kubernetes.io/tls "
+                          "Secret, e.g. from cert-manager); read again when they change")
     ops.add_argument("--health-probe-bind-address", default=":8081",
                      help="address for /healthz and /readyz; '0' disables")
     ops.add_argument("--graceful-shutdown-timeout", type=_duration, default="30s",
@@ -228,6 +237,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     # One configuration, and so one set of credentials (one credential plugin run), for
     # the three clients.
     config = load_client_config(args.kubeconfig)
+    secure = _metrics_secure(args, config)  # bad flags or certificate: before any waiting
     # Each watch holds a pooled connection for its life: two informers, workers, slack.
     rest = RestClient(
         new_api_client(config, pool_maxsize=workers + 8),
@@ -283,6 +293,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         graceful_shutdown_timeout=args.graceful_shutdown_timeout,
         events=recorder,
         watch_liveness_timeout=args.watch_liveness_timeout,
+        metrics_secure=secure,
     )
     manager.add_informer(hsecs)
     manager.add_informer(secrets)
@@ -328,6 +339,27 @@ def _allowed_api_urls(args: argparse.Namespace) -> list[str]:
     if args.allow_insecure_http:
         log.warning("--allow-insecure-http: tokens may be sent over plain http")
     return entries
+
+
+def _metrics_secure(args: argparse.Namespace, config: ClientConfig) -> SecureServing | None:
+    """--metrics-secure: the serving certificate, and a client of its own for the reviews
+    (no write gate: a standby answers scrapes too; no retries: a scrape waits for none)."""
+    if not args.metrics_secure:
+        if args.metrics_cert_dir:
+            raise ConfigError("--metrics-cert-dir is only read with --metrics-secure")
+        return None
+    if not args.metrics_cert_dir:
+        raise ConfigError("--metrics-secure needs --metrics-cert-dir: a directory holding "
+                          "tls.crt and tls.key (mount a kubernetes.io/tls Secret there)")
+    try:
+        cert = ServingCert(args.metrics_cert_dir)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"--metrics-cert-dir {args.metrics_cert_dir}: cannot load tls.crt "
+                          f"and tls.key ({exc.strerror or type(exc).__name__})") from None
+    reviews = RestClient(new_api_client(config, pool_maxsize=4, retries=0), max_retries=0,
+                         user_agent=f"himitsu-controller/{__version__} metrics-auth")
+    return SecureServing(tls=cert.context, refresh=cert.refresh,
+                         authorize=ScrapeAuthorizer(reviews).authorize)
 
 
 def elector_client(config: ClientConfig) -> RestClient:

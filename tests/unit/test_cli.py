@@ -406,3 +406,23 @@ def wait_for(condition: Callable[[], bool]) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         threading.Event().wait(0.01)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--metrics-secure"], "--metrics-secure needs --metrics-cert-dir"),
+    (["--metrics-secure", "--metrics-cert-dir", "/nonexistent"], "cannot load tls.crt"),
+    (["--metrics-cert-dir", "/tmp"], "only read with --metrics-secure"),
+])
+def test_secure_metrics_without_a_usable_certificate_stops_the_operator_with_one_line(
+    tmp_path: Path, flags: list[str], said: str,
+) -> None:
+    kubeconfig = tmp_path / "kc"  # checked before the apiserver is ever asked
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n")
+    args = cli.build_parser().parse_args([*flags, "--kubeconfig", str(kubeconfig)])
+    with pytest.raises(ConfigError, match=said):
+        cli.run(args)

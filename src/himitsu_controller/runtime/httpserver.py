@@ -1,21 +1,34 @@
-"""A tiny threaded HTTP server shared by /metrics and the probes.
+"""A tiny threaded HTTP(S) server shared by /metrics and the probes, that cannot be starved.
 
 Why our own instead of ``prometheus_client.start_http_server``: we need the bound port
-back (tests bind port 0), a clean ``stop()`` (tests and graceful shutdown), named threads,
-and the same bind-address syntax as controller-runtime's flags (":8080", "0" disables).
+back (tests bind port 0), a clean ``stop()``, named threads, controller-runtime's
+bind-address syntax (":8080", "0" disables), and limits: each server holds at most
+``max_connections`` connections (one thread each; more are answered 503 and closed at
+once), and every connection is cut ``request_timeout`` after it was accepted, however
+slowly its peer sends or reads. Each server has its own cap, so a flood of half-sent
+requests to /metrics never keeps the kubelet's probes from being answered.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import socket
+import ssl
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 log = structlog.get_logger(__name__)
+
+MAX_CONNECTIONS = 16
+REQUEST_TIMEOUT = 10.0
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+         b"Connection: close\r\nRetry-After: 1\r\n\r\n")
 
 
 def parse_bind_address(addr: str) -> tuple[str, int] | None:
@@ -41,21 +54,112 @@ def parse_bind_address(addr: str) -> tuple[str, int] | None:
     return host, port
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    # Request threads must never keep the process alive or stall shutdown.
-    daemon_threads = True
-    block_on_close = False
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    deadline: float
+
+
+class Connections:
+    """The open connections of one server: counted, capped, and cut at their deadline."""
+
+    def __init__(self, limit: int, timeout: float, clock: Callable[[], float]) -> None:
+        self.limit = limit
+        self.timeout = timeout
+        self._clock = clock
+        self._open: set[_Connection] = set()
+        self.refused = 0  # connections answered 503 because the cap was reached
+        self.cut = 0  # connections closed at their deadline
+        self._changed = threading.Condition()
+
+    @property
+    def active(self) -> int:
+        with self._changed:
+            return len(self._open)
+
+    def admit(self, sock: socket.socket) -> _Connection | None:
+        with self._changed:
+            if len(self._open) >= self.limit:
+                self.refused += 1
+                self._changed.notify_all()
+                return None
+            conn = _Connection(sock, self._clock() + self.timeout)
+            self._open.add(conn)
+            self._changed.notify_all()
+            return conn
+
+    def release(self, conn: _Connection) -> None:
+        with self._changed:
+            self._open.discard(conn)
+            self._changed.notify_all()
+
+    def cut_overdue(self) -> None:
+        """Shut down every connection past its deadline: its blocked read or write returns."""
+        now = self._clock()
+        with self._changed:
+            overdue = [c for c in self._open if c.deadline <= now]
+            self.cut += len(overdue)
+        for conn in overdue:
+            # socket.socket's own shutdown: an SSLSocket's would drop its TLS state; an
+            # OSError: its thread closed it meanwhile.
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+
+    def wait_until(self, predicate: Callable[[Connections], bool], timeout: float) -> bool:
+        """Wait (bounded) until ``predicate(self)`` holds; for tests and diagnostics."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout)
+
+
+class _Server(http.server.HTTPServer):
+    # Room for a burst of connections while the loop accepts them (socketserver's 5 would
+    # leave clients in SYN retries, seconds each).
+    request_queue_size = 128
     thread_name = "http"
+    connections: Connections
+    tls: ssl.SSLContext | None = None
+    tls_refresh: Callable[[], None] | None = None
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        # As ThreadingMixIn does, but with a thread name that says whose request it is.
-        thread = threading.Thread(
-            target=self.process_request_thread,
-            args=(request, client_address),
-            name=f"{self.thread_name}-request",
-            daemon=True,
-        )
-        thread.start()
+        conn = self.connections.admit(request)
+        if conn is None:
+            # A fresh socket's send buffer takes this at once; never wait for it.
+            with contextlib.suppress(OSError):
+                request.setblocking(False)
+                request.send(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            threading.Thread(target=self._serve_one, args=(conn, client_address),
+                             name=f"{self.thread_name}-request", daemon=True).start()
+        except RuntimeError:  # no thread to be had: the connection goes, its slot too
+            self.connections.release(conn)
+            raise
+
+    def _serve_one(self, conn: _Connection, client_address: Any) -> None:
+        sock = conn.sock
+        try:
+            sock.settimeout(self.connections.timeout)
+            if self.tls is not None:  # the handshake too runs here, under the deadline
+                if self.tls_refresh is not None:
+                    self.tls_refresh()
+                sock = conn.sock = self.tls.wrap_socket(sock, server_side=True)
+            self.finish_request(sock, client_address)
+        except (OSError, ValueError) as exc:  # a peer gone, cut, or failing its handshake
+            log.debug("connection dropped", server=self.thread_name,
+                      error_type=type(exc).__name__)
+        except Exception:
+            log.exception("request failed", server=self.thread_name)
+        finally:
+            self.connections.release(conn)
+            self.shutdown_request(sock)
+
+    def service_actions(self) -> None:
+        # Called by serve_forever on every poll interval.
+        self.connections.cut_overdue()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection error", server=self.thread_name)
 
 
 class _IPv6Server(_Server):
@@ -66,13 +170,17 @@ class _IPv6Server(_Server):
 class HTTPServerHandle:
     """A running server: its bound ``port`` and a ``stop()`` that waits for the loop."""
 
-    server: http.server.ThreadingHTTPServer
+    server: _Server
     thread: threading.Thread
     _stopped: bool = field(default=False, init=False)
 
     @property
     def port(self) -> int:
         return int(self.server.server_address[1])
+
+    @property
+    def connections(self) -> Connections:
+        return self.server.connections
 
     def stop(self) -> None:
         """Stop serving and close the socket; safe to call twice."""
@@ -89,8 +197,16 @@ def serve(
     handler: type[http.server.BaseHTTPRequestHandler],
     *,
     thread_name: str,
+    max_connections: int = MAX_CONNECTIONS,
+    request_timeout: float = REQUEST_TIMEOUT,
+    tls: ssl.SSLContext | None = None,
+    tls_refresh: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> HTTPServerHandle | None:
-    """Bind ``addr`` and serve ``handler`` on a named daemon thread; None when disabled."""
+    """Bind ``addr`` and serve ``handler`` on a named daemon thread; None when disabled.
+
+    ``tls``: serve HTTPS with this context (``tls_refresh`` runs before each handshake,
+    e.g. to load a renewed certificate)."""
     parsed = parse_bind_address(addr)
     if parsed is None:
         return None
@@ -98,6 +214,8 @@ def serve(
     server_cls: type[_Server] = _IPv6Server if ":" in host else _Server
     server = server_cls((host, port), handler)
     server.thread_name = thread_name
+    server.connections = Connections(max_connections, request_timeout, clock)
+    server.tls, server.tls_refresh = tls, tls_refresh
     thread = threading.Thread(
         target=server.serve_forever,
         kwargs={"poll_interval": 0.05},
@@ -106,5 +224,6 @@ def serve(
     )
     thread.start()
     handle = HTTPServerHandle(server=server, thread=thread)
-    log.info("http server listening", server=thread_name, host=host or "*", port=handle.port)
+    log.info("http server listening", server=thread_name, host=host or "*", port=handle.port,
+             tls=tls is not None, max_connections=max_connections)
     return handle

@@ -38,6 +38,7 @@ import structlog
 from .healthz import Check, ProbeServer
 from .httpserver import HTTPServerHandle
 from .metrics import start_metrics_server, watch_collector
+from .metricsauth import SecureServing
 from .parts import (
     ControllerLike,
     EventFlusher,
@@ -87,10 +88,13 @@ class Manager:
         cache_sync_timeout: float = 120.0,
         events: EventFlusher | None = None,
         watch_liveness_timeout: float = WATCH_LIVENESS_TIMEOUT,
+        metrics_secure: SecureServing | None = None,
     ) -> None:
         """``graceful_shutdown_timeout`` bounds the whole shutdown (see ``shutdown_bound``);
-        ``events`` is started with the manager and flushed on its way out."""
+        ``events`` is started with the manager and flushed on its way out;
+        ``metrics_secure``: /metrics over HTTPS to authorized scrapers only."""
         self._metrics_address = metrics_bind_address
+        self._metrics_secure = metrics_secure
         self._events = events
         self.shutdown_steps: list[Step] = []  # what the last shutdown's steps were given
         self._leader_election = leader_election
@@ -194,7 +198,8 @@ class Manager:
 
     def _run(self) -> int:
         try:
-            self._metrics_server = start_metrics_server(self._metrics_address)
+            self._metrics_server = start_metrics_server(self._metrics_address,
+                                                       secure=self._metrics_secure)
             self._probes.start()
         except (OSError, ValueError) as exc:
             log.error("cannot start metrics/probe servers", error=str(exc))

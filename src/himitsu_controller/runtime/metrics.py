@@ -29,6 +29,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from .httpserver import HTTPServerHandle, serve
+from .metricsauth import SecureServing
 
 __all__ = ["REGISTRY", "HTTPServerHandle", "leader_election_master_status", "start_metrics_server"]
 
@@ -273,8 +274,16 @@ prometheus_client.ProcessCollector(registry=REGISTRY)
 class _MetricsHandler(http.server.BaseHTTPRequestHandler):
     """Serves our REGISTRY at /metrics (text exposition, or OpenMetrics if asked)."""
 
+    secure: SecureServing | None = None
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
+        if self.secure is not None:  # before anything else, the 404 included
+            status, reason = self.secure.authorize(self.headers.get("Authorization"), path,
+                                                   "get")
+            if status != 200:
+                self._reply(status, "text/plain; charset=utf-8", f"{reason}\n".encode())
+                return
         if path != "/metrics":
             self._reply(404, "text/plain; charset=utf-8", b"not found\n")
             return
@@ -293,6 +302,12 @@ class _MetricsHandler(http.server.BaseHTTPRequestHandler):
         return
 
 
-def start_metrics_server(addr: str) -> HTTPServerHandle | None:
-    """Serve ``/metrics`` from REGISTRY on ``addr`` (":8080", "127.0.0.1:0"; "0" disables)."""
-    return serve(addr, _MetricsHandler, thread_name="metrics-server")
+def start_metrics_server(addr: str, *, secure: SecureServing | None = None,
+                         ) -> HTTPServerHandle | None:
+    """Serve ``/metrics`` from REGISTRY on ``addr`` (":8080", "127.0.0.1:0"; "0" disables);
+    ``secure``: over HTTPS, to authorized scrapers only (--metrics-secure)."""
+    if secure is None:
+        return serve(addr, _MetricsHandler, thread_name="metrics-server")
+    handler = type("_SecureMetricsHandler", (_MetricsHandler,), {"secure": secure})
+    return serve(addr, handler, thread_name="metrics-server", tls=secure.tls,
+                 tls_refresh=secure.refresh)

@@ -1,0 +1,142 @@
+"""Secure metrics: HTTPS from a mounted certificate, each scrape authenticated and authorized.
+
+As controller-runtime's ``filters.WithAuthenticationAndAuthorization``: the bearer token
+goes to a TokenReview (401 unless the apiserver authenticates it), its user to a
+SubjectAccessReview for the request's path and verb as a nonResourceURL (403 unless
+allowed); a review that fails is a 500. Results are cached briefly per token hash (a
+token is never kept, logged or quoted). The certificate is read from a directory (a
+Secret, cert-manager) and read again when its files change, so a renewal needs no restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import ssl
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path)
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+ALLOWED_TTL = 60.0  # a granted scrape is asked about again after this long
+DENIED_TTL = 10.0  # a refusal, so a token just granted the role works soon
+CACHE_ENTRIES = 1024
+REVIEW_TIMEOUT = 5.0
+
+
+class ReviewClient(Protocol):
+    def request(self, method: str, path: str, *, body: Any = None,
+                timeout: float = 30.0) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SecureServing:
+    """What ``start_metrics_server`` needs to serve HTTPS and check each scrape."""
+
+    tls: ssl.SSLContext
+    refresh: Callable[[], None]
+    authorize: Callable[[str | None, str, str], tuple[int, str]]
+
+
+class ServingCert:
+    """``tls.crt`` and ``tls.key`` of ``cert_dir`` in a server context, reloaded on change."""
+
+    def __init__(self, cert_dir: str, *, cert_name: str = "tls.crt",
+                 key_name: str = "tls.key") -> None:
+        self.cert_file = os.path.join(cert_dir, cert_name)
+        self.key_file = os.path.join(cert_dir, key_name)
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._lock = threading.Lock()
+        self._loaded: tuple[float, float] | None = None
+        self.refresh()  # a missing or bad pair fails the start (OSError, ssl.SSLError)
+
+    def _stamp(self) -> tuple[float, float]:
+        return os.stat(self.cert_file).st_mtime, os.stat(self.key_file).st_mtime
+
+    def refresh(self) -> None:
+        """Load the pair again if either file changed; keep the old one if that fails."""
+        with self._lock:
+            try:
+                stamp = self._stamp()
+                if stamp == self._loaded:
+                    return
+                self.context.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                if self._loaded is None:
+                    raise
+                log.warning("cannot reload the metrics certificate; serving the old one",
+                            cert_file=self.cert_file, error_type=type(exc).__name__)
+                return
+            if self._loaded is not None:
+                log.info("metrics certificate reloaded", cert_file=self.cert_file)
+            self._loaded = stamp
+
+
+class ScrapeAuthorizer:
+    """``authorize(authorization_header, path, verb) -> (status, reason)``, 200 to serve."""
+
+    def __init__(self, client: ReviewClient, *, clock: Callable[[], float] = time.monotonic,
+                 allowed_ttl: float = ALLOWED_TTL, denied_ttl: float = DENIED_TTL) -> None:
+        self._client = client
+        self._clock = clock
+        self._ttl = {True: allowed_ttl, False: denied_ttl}
+        self._cache: OrderedDict[tuple[str, str, str], tuple[float, int, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def authorize(self, authorization: str | None, path: str, verb: str) -> tuple[int, str]:
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return 401, "Unauthorized: a bearer token is required"
+        key = (hashlib.sha256(token.encode()).hexdigest(), path, verb)
+        now = self._clock()
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None and cached[0] > now:
+                return cached[1], cached[2]
+        status, reason = self._review(token, path, verb)
+        if status in (200, 401, 403):
+            with self._lock:
+                self._cache[key] = (now + self._ttl[status == 200], status, reason)
+                self._cache.move_to_end(key)
+                while len(self._cache) > CACHE_ENTRIES:
+                    self._cache.popitem(last=False)
+        return status, reason
+
+    def _review(self, token: str, path: str, verb: str) -> tuple[int, str]:
+        try:
+            review = self._client.request("POST", TOKEN_REVIEWS, timeout=REVIEW_TIMEOUT, body={
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token}})
+        except Exception as exc:  # no detail: a response may carry the token back
+            log.error("TokenReview failed", error_type=type(exc).__name__)
+            return 500, "Internal Server Error: authentication failed"
+        status = review.get("status") or {}
+        if not status.get("authenticated"):
+            return 401, "Unauthorized"
+        user = status.get("user") or {}
+        spec: dict[str, Any] = {
+            "user": user.get("username", ""), "groups": user.get("groups") or [],
+            "nonResourceAttributes": {"path": path, "verb": verb}}
+        for name in ("uid", "extra"):
+            if user.get(name):
+                spec[name] = user[name]
+        try:
+            access = self._client.request("POST", ACCESS_REVIEWS, timeout=REVIEW_TIMEOUT, body={
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": spec})
+        except Exception as exc:
+            log.error("SubjectAccessReview failed", error_type=type(exc).__name__)
+            return 500, "Internal Server Error: authorization failed"
+        if not (access.get("status") or {}).get("allowed"):
+            return 403, f"Forbidden: user may not {verb} {path}"
+        return 200, ""
