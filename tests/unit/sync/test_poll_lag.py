@@ -68,6 +68,20 @@ def test_a_deleted_himitsu_secret_stops_counting(world: World) -> None:
     assert world.reconciler.lag() == (0.0, 0, 0.0)
 
 
+def test_a_himitsu_secret_being_deleted_does_not_lag() -> None:
+    """The reconciler polls an object with a deletionTimestamp no more; a foreign finalizer
+    may hold it for hours. Counted, himitsu_poll_lag_intervals would grow without bound and
+    HimitsuSecretSyncLagging fire for an object the user deleted."""
+    now = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+    synced = "2023-11-14T21:43:20Z"  # 30 min ago, refreshInterval 1m
+    held = {"metadata": {"namespace": "apps", "name": "gone", "uid": "u1",
+                         "deletionTimestamp": synced, "finalizers": ["example.com/hold"]},
+            "spec": {"refreshInterval": "1m"}, "status": {"lastSyncTime": synced}}
+    live = {**held, "metadata": {"namespace": "apps", "name": "live", "uid": "u2"}}
+    assert lag.worst(now, [held], {}) == (0.0, 0, 0.0)
+    assert lag.worst(now, [held, live], {}) == (1740.0, 1, 29.0)
+
+
 def test_each_timed_poll_records_how_late_it_ran(world: World) -> None:
     count, total = (sample("himitsu_poll_lateness_seconds_count"),
                     sample("himitsu_poll_lateness_seconds_sum"))

@@ -45,9 +45,13 @@ def worst(
     now: float, objects: Iterable[Mapping[str, Any]], memory: Mapping[str, Memory],
 ) -> tuple[float, int, float]:
     """The largest lag (``schedule.lag``), how many targets lag, and the largest lag in
-    units of its own target's refreshInterval (an alert's bound for every interval)."""
+    units of its own target's refreshInterval (an alert's bound for every interval). An
+    object being deleted is polled no more (a foreign finalizer may hold it for hours):
+    it promises nothing, so it does not lag."""
     largest, lagging, ratio = 0.0, 0, 0.0
     for obj in objects:
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            continue
         lag, interval = _lag(now, obj, memory)
         largest, lagging = max(largest, lag), lagging + (lag > 0)
         if lag > 0:
