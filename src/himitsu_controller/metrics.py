@@ -23,13 +23,17 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from himitsu_controller.himitsu.client import OUTCOMES
 from himitsu_controller.runtime.metrics import REGISTRY
 
 api_requests = Counter(
     "himitsu_api_requests",
-    "HTTP requests to the Himitsu API by outcome (200, 304, 4xx, 429, 5xx, transport_error).",
+    "HTTP requests to the Himitsu API by outcome (200, 304, 4xx, 429, 5xx, transport_error, "
+    "other).",
     ["outcome"], registry=REGISTRY,
 )
+for _outcome in OUTCOMES:
+    api_requests.labels(outcome=_outcome)
 syncs = Counter(
     "himitsu_syncs",
     "Reconciles of HimitsuSecrets by result (not_modified, written, unchanged, failed) and "

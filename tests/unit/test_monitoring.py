@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from himitsu_controller import himitsu, metrics
+from himitsu_controller.runtime.metrics import REGISTRY
+
 HACK = Path(__file__).resolve().parents[2] / "hack"
 sys.path.insert(0, str(HACK))
 
@@ -90,3 +93,13 @@ def test_the_dashboard_panels_have_unique_ids_and_titles_and_one_datasource() ->
         assert panel.get("description"), panel["title"]
         for target in panel["targets"]:
             assert 'job=~"$job"' in target["expr"], (panel["title"], target["expr"])
+
+
+def test_every_himitsu_request_outcome_is_exported_before_its_first_request() -> None:
+    """A counter child born with its first increment hides that increment from rate() and
+    increase(): HimitsuApiRateLimited would miss the first 429s. Every outcome (a closed
+    set) is a series from the start."""
+    assert metrics.api_requests is not None  # imported: its series are registered
+    exported = {s.labels["outcome"] for family in REGISTRY.collect() for s in family.samples
+                if s.name == "himitsu_api_requests_total"}
+    assert exported == set(himitsu.OUTCOMES)
