@@ -173,7 +173,8 @@ REGISTRY.register(_headroom)
 
 
 class _ReadyCollector(Collector):
-    """``himitsu_secret_ready{namespace,name,reason}``, one series per HimitsuSecret: a
+    """``himitsu_secret_ready{hsec_namespace,name,reason}``, one series per HimitsuSecret
+    (not ``namespace``: every scrape config sets that to the target's own): a
     labelled Gauge child costs ~800 bytes an object (its own lock and value), this ~100
     (a dict entry under the key the caches already hold, its reason a shared string)."""
 
@@ -208,7 +209,7 @@ class _ReadyCollector(Collector):
             "himitsu_secret_ready",
             "1 when the HimitsuSecret's Ready condition is True, else 0; reason: the "
             "condition's reason (Synced, AuthenticationFailure, FetchFailure, ...).",
-            labels=["namespace", "name", "reason"])
+            labels=["hsec_namespace", "name", "reason"])
 
 
 _ready = _ReadyCollector()

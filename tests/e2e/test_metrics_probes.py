@@ -71,7 +71,7 @@ def test_metrics_expose_controller_runtime_and_himitsu_series(
     depth = [s for s in samples if s.name == "workqueue_depth"]
     assert depth and set(depth[0].labels) == {"name", "controller", "priority"}
     assert _value(samples, "himitsu_api_requests_total", outcome="200") > 0
-    assert _value(samples, "himitsu_secret_ready", namespace=ns, name=sync.name) == 1
+    assert _value(samples, "himitsu_secret_ready", hsec_namespace=ns, name=sync.name) == 1
     assert "himitsu_syncs_total" in names
     assert "himitsu_secret_writes_total" in names
     lag = ("himitsu_poll_lag_seconds", "himitsu_polls_overdue",
@@ -97,11 +97,11 @@ def test_metrics_pass_promtool_check_metrics(h: Harness, ns: str, default_operat
 
     def scraped_with_the_sync_ready() -> str | None:
         text: str = default_operator.scrape()
-        ready = _value(_samples(text), "himitsu_secret_ready", namespace=ns, name=sync.name)
+        ready = _value(_samples(text), "himitsu_secret_ready", hsec_namespace=ns, name=sync.name)
         return text if ready == 1 else None
 
     text = wait_for(scraped_with_the_sync_ready, timeout=30,
-                    what=f"himitsu_secret_ready{{namespace={ns!r}}} == 1")
+                    what=f"himitsu_secret_ready{{hsec_namespace={ns!r}}} == 1")
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, (

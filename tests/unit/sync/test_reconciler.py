@@ -717,7 +717,7 @@ def test_recreated_himitsu_secret_is_not_confused_with_the_old_one(world: World)
 def _ready_gauge(name: str) -> float | None:
     values = [s.value for family in REGISTRY.collect() for s in family.samples
               if s.name == "himitsu_secret_ready"
-              and (s.labels["namespace"], s.labels["name"]) == (NS, name)]
+              and (s.labels["hsec_namespace"], s.labels["name"]) == (NS, name)]
     assert len(values) <= 1, values
     return values[0] if values else None
 

@@ -68,7 +68,7 @@ def ready_series() -> dict[str, float]:
     """himitsu_secret_ready of apps/app-config: {reason: value}."""
     return {s.labels["reason"]: s.value for family in REGISTRY.collect() for s in family.samples
             if s.name == "himitsu_secret_ready"
-            and (s.labels["namespace"], s.labels["name"]) == ("apps", "app-config")}
+            and (s.labels["hsec_namespace"], s.labels["name"]) == ("apps", "app-config")}
 
 
 def gauge() -> float | None:
