@@ -9,7 +9,8 @@ Two variants of one check (tests/e2e/prometheus.py: check_two_replicas):
   replicas started here with --leader-elect (what a kubelet-less machine can show: the
   server negotiates and ingests the exposition, and the series tell the replicas apart).
   It also loads the shipped alerts and every dashboard expression (hack/monitoring.py):
-  each evaluates without error on the real series, and each panel query shows data.
+  each evaluates without error on the real series, no alert is pending or firing for
+  the healthy pair, and each panel query shows data.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ PROMETHEUS_SERVICE, PROMETHEUS_PORT = "prometheus", 9090
 IN_CLUSTER_JOBS = {"kubernetes-pods": 5.0, "kubernetes-service-endpoints": 5.0,
                    "himitsu-operator-metrics": 30.0}
 LOCAL_INTERVAL = 1.0
+# The local job as the ServiceMonitor's (HimitsuControllerDown selects it), with the target
+# label every scrape path deploy/ ships adds: the operator's own namespace.
+LOCAL_JOB, LOCAL_TARGET_NAMESPACE = "himitsu-operator-metrics", "himitsu-system"
 
 
 @pytest.fixture
@@ -87,7 +91,7 @@ def test_prometheus_on_the_host_scrapes_two_local_replicas_and_evaluates_the_ale
         pytest.skip("prometheus not on PATH (Debian: apt-get install prometheus; CI installs it)")
     lease = f"e2e-prom-{secrets.token_hex(4)}"
     flags = ("--leader-elect", "--leader-election-namespace", cluster_setup.OPERATOR_NAMESPACE,
-             "--leader-election-id", lease)
+             "--leader-election-id", lease, f"--allowed-api-urls={h.standin.api_url}")
     replicas = [operator.start(*flags, name=f"replica-{i}") for i in "ab"]
     targets = [f"127.0.0.1:{r.metrics_port}" for r in replicas]
     workdir = session_dir / f"prometheus-{lease}"
@@ -97,15 +101,17 @@ def test_prometheus_on_the_host_scrapes_two_local_replicas_and_evaluates_the_ale
         "global": {"scrape_interval": f"{LOCAL_INTERVAL:.0f}s",
                    "evaluation_interval": f"{LOCAL_INTERVAL:.0f}s"},
         "rule_files": [str(f) for f in rule_files],
-        "scrape_configs": [{"job_name": "himitsu-local",
-                            "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [{"job_name": LOCAL_JOB, "static_configs": [
+            {"targets": targets, "labels": {"namespace": LOCAL_TARGET_NAMESPACE}}]}],
     }
     # JSON is YAML: Prometheus reads it as its config file.
     prom = HostPrometheus(json.dumps(config, indent=2), workdir)
     try:
         h.sync(ns, "API_KEY", refresh="2s")
-        check_two_replicas(prom.api, {"himitsu-local": LOCAL_INTERVAL}, "instance",
+        check_two_replicas(prom.api, {LOCAL_JOB: LOCAL_INTERVAL}, "instance",
                            set(targets))
+        wait_for(lambda: prom.api.query(f'himitsu_secret_ready{{hsec_namespace="{ns}"}} == 1'),
+                 timeout=30, what=f"himitsu_secret_ready of {ns}, beside the target's namespace")
         _check_rules_evaluate(prom)
         _check_every_panel_shows_data(prom)
     finally:
@@ -114,18 +120,21 @@ def test_prometheus_on_the_host_scrapes_two_local_replicas_and_evaluates_the_ale
 
 def _check_rules_evaluate(prom: HostPrometheus) -> None:
     """Every alert and dashboard expression, evaluated by Prometheus on the operator's
-    real series, evaluates without error."""
+    real series, evaluates without error; no alert is pending or firing (a healthy pair:
+    one leader, a standby, a HimitsuSecret in sync, an allow-list)."""
     expected = len(monitoring.rule_expressions()) + len(monitoring.dashboard_expressions())
     seen: list[Any] = []
 
     def all_ok() -> bool:
         rules = prom.api.rules()
-        seen[:] = [(r["name"], r.get("health"), r.get("lastError")) for r in rules
-                   if r.get("health") != "ok"]
+        seen[:] = [(r["name"], r.get("health"), r.get("lastError"), r.get("state"))
+                   for r in rules if r.get("health") != "ok"
+                   or r.get("state", "inactive") != "inactive"]
         return len(rules) == expected and not seen
 
     try:
-        wait_for(all_ok, timeout=30, what=f"{expected} rules evaluated, health ok")
+        wait_for(all_ok, timeout=30, what=f"{expected} rules evaluated, health ok, no "
+                 "alert pending or firing")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nnot ok: {seen}") from None
 
