@@ -43,3 +43,13 @@ def test_the_readme_covers_install_use_and_troubleshooting() -> None:
                 if line.startswith("## ")]
     assert headings[:4] == ["Two commands", "Install", "Use", "How syncing works"]
     assert "When something is wrong" in headings
+
+
+def test_the_readme_install_commands_name_paths_that_exist() -> None:
+    """`helm install ... charts/himitsu-controller` and `kubectl apply -f deploy/...`:
+    a newcomer copying them from the README must find the files."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
+    paths = {p for block in blocks
+             for p in re.findall(r"(?<![\w/.-])((?:charts|deploy)/[\w./-]+)", block)}
+    assert paths, "no install paths found"
+    assert sorted(p for p in paths if not (ROOT / p).exists()) == []
