@@ -2,10 +2,11 @@
 
 The CRD is hand-written YAML that nothing compiles, so a typo in a default, an enum or a
 printer column would only show up on a live cluster. These tests pin it to the
-contract (spec/operator-readme.txt) and to the code that reads the same objects
-(api.py), and validate every sample against the schema with a small validator for the
-subset of OpenAPI v3 + CEL the CRD uses (no jsonschema dependency: the subset is tiny,
-and Kubernetes' structural-schema rules differ from plain JSON Schema anyway).
+contract (docs/reference.md, from the project's README spec) and to the code that reads
+the same objects (src/himitsu_controller/api.py), and validate every sample against the
+schema with a small validator for the subset of OpenAPI v3 + CEL the CRD uses (no
+jsonschema dependency: the subset is tiny, and Kubernetes' structural-schema rules
+differ from plain JSON Schema anyway).
 """
 
 from __future__ import annotations
