@@ -52,7 +52,7 @@ from himitsu_controller import api, metrics
 from himitsu_controller.sync.ports import KubeError, Workloads
 from himitsu_controller.sync.references import allows_restart_by, secrets_read
 
-__all__ = ["Claim", "Outcome", "Restarter", "restarted_at"]
+__all__ = ["Claim", "Outcome", "Restarter", "refused", "restarted_at"]
 
 RETRY_FIRST, RETRY_CAP = 1.0, 300.0
 MAX_SERVED = 32  # claimants remembered in himitsu.io/restarted-for (the latest)
@@ -202,8 +202,7 @@ class Restarter:
             metrics.count_rollout("failed")
             # One message while the same refusal lasts: one Warning Event, not one a retry.
             return Outcome("failed", slot.retry_at, "failed",
-                           message=f"restarting {kind} {name!r} failed: {exc}; retrying "
-                                   "with backoff")
+                           message=f"{refused(kind, name, exc)}; retrying with backoff")
         for answered in outcomes:
             del slot.claims[answered]
         if not slot.claims:
@@ -286,6 +285,20 @@ def _restarted(workload: dict[str, Any], default: float) -> float:
     meta = ((workload.get("spec") or {}).get("template") or {}).get("metadata") or {}
     when = api.parse_time(str((meta.get("annotations") or {}).get(api.ANN_RESTARTED_AT) or ""))
     return when.timestamp() if when is not None else default
+
+
+def refused(kind: str, name: str, exc: KubeError) -> str:
+    """What a failed read or restart of a workload tells the HimitsuSecret's owner. A 403
+    is almost always an install without the rollout-restart RBAC (get and patch on
+    workloads are granted apart, and only when the feature is enabled): say how to
+    enable it, or how to stop asking."""
+    text = str(exc)  # "reading|restarting <kind> <name> failed: <status> ..."
+    if exc.status == 403:
+        text += (f"; rollout restarts need get and patch on {kind}s, which this install "
+                 "may not grant: enable them (Helm: --set rolloutRestarts.enabled=true; "
+                 "kubectl/kustomize: deploy/components/rollout-restarts), or remove "
+                 f"{kind} {name!r} from rolloutRestartTargets")
+    return text
 
 
 def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:

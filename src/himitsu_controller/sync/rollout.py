@@ -59,7 +59,7 @@ from himitsu_controller.sync.memory import Memory
 from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube, KubeError
 from himitsu_controller.sync.references import allows_restart_by, secrets_read
-from himitsu_controller.sync.restarter import Claim, Outcome, Restarter, unreferenced
+from himitsu_controller.sync.restarter import Claim, Outcome, Restarter, refused, unreferenced
 from himitsu_controller.sync.status import StatusWriter, bounded
 from himitsu_controller.sync.target import targets as target_rules
 
@@ -367,7 +367,7 @@ class Rollouts:
         try:
             workload = self._kube.get_workload(namespace, target.kind, target.name)
         except KubeError as exc:
-            entry["warning"] = bounded(f"reading {target.kind} {target.name!r} failed: {exc}")
+            entry["warning"] = bounded(refused(target.kind, target.name, exc))
             return
         if workload is None:
             entry["warning"] = f"{target.kind} {target.name!r} not found: nothing to restart"
