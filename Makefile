@@ -14,6 +14,14 @@ PYTEST_ARGS ?=
 # make deploy: where the operator may send tokens (--allowed-api-urls); required.
 HIMITSU_API_URLS ?=
 API_URLS_PLACEHOLDER := REPLACE-WITH-YOUR-HIMITSU-API-URLS
+# make deploy/undeploy: WATCH_NAMESPACE=ns selects the namespaced install (deploy/namespaced);
+# ROLLOUT_RESTARTS=yes adds the rollout-restart RBAC (deploy/components/rollout-restarts*).
+WATCH_NAMESPACE ?=
+WATCH_NAMESPACE_PLACEHOLDER := REPLACE-WITH-THE-WATCHED-NAMESPACE
+ROLLOUT_RESTARTS ?=
+HELM_VERSION ?= v3.22.0
+HELM ?= $(abspath $(LOCAL))/bin/helm
+CHART := charts/himitsu-controller
 
 ##@ Develop
 .PHONY: help
@@ -31,16 +39,28 @@ venv: $(VENV)/.installed ## Create .venv with the operator and its dev tools
 install-dev: venv
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict, the layer contract, promtool on the alerts and dashboard, mkdocs --strict
+lint: venv helm ## ruff, mypy --strict, the layer contract, promtool on the alerts and dashboard, mkdocs --strict, the chart (in step with deploy/, helm lint --strict)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict
 	$(PY) hack/check_layers.py src
 	$(PY) hack/monitoring.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	$(PYTHON_SYSTEM) hack/chart_sync.py --check
+	@for values in $(CHART)/ci/*-values.yaml; do \
+	  echo "$(HELM) lint --strict $(CHART) -f $$values"; \
+	  $(HELM) lint --strict --quiet $(CHART) -f "$$values" || exit 1; done
 
 .PHONY: docs
 docs: venv ## Serve the documentation site (mkdocs) on http://127.0.0.1:8000
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
+.PHONY: chart-sync
+chart-sync: ## Copy deploy/'s CRD, RBAC rules, PrometheusRule and dashboard into the chart (deploy/ is the source)
+	$(PYTHON_SYSTEM) hack/chart_sync.py
+
+.PHONY: helm
+helm: ## Build helm $(HELM_VERSION) from its Go module into .local/bin (cached; no downloaded binary)
+	@HELM='$(HELM)' HELM_VERSION='$(HELM_VERSION)' bash hack/helm.sh >/dev/null
 
 .PHONY: test
 test: venv kube-build ## Unit tests, then the end-to-end suite on a local control plane (the CI command)
@@ -90,31 +110,58 @@ demo-down: ## Stop what `make demo` started (operator, stand-in, control plane)
 run: venv ## Run the operator against the current kubeconfig (console logs)
 	$(VENV)/bin/himitsu-controller --log-format console --metrics-bind-address 127.0.0.1:8080 --health-probe-bind-address 127.0.0.1:8081
 
-##@ Deploy (to the cluster of the current kubeconfig)
-.PHONY: install
-install: ## Apply the CRD
-	$(KUBECTL) apply -f deploy/crd/himitsu.io_himitsusecrets.yaml
+##@ Deploy (to the cluster of the current kubeconfig; the chart in charts/ is the other way)
+# What make deploy applies: deploy/ (or deploy/namespaced with WATCH_NAMESPACE), plus the
+# rollout-restart RBAC with ROLLOUT_RESTARTS=yes, placeholders filled in from the environment.
+RESTART_RBAC = deploy/components/rollout-restarts$(if $(WATCH_NAMESPACE),-namespaced)
+define deploy_manifests
+{ $(KUBECTL) kustomize deploy/$(if $(WATCH_NAMESPACE),namespaced) \
+  $(if $(filter yes,$(ROLLOUT_RESTARTS)),&& printf -- '---\n' && cat $(RESTART_RBAC)/role.yaml \
+  && printf -- '---\n' && cat $(RESTART_RBAC)/role_binding.yaml); } \
+  | sed -e "s|$(API_URLS_PLACEHOLDER)|$$HIMITSU_API_URLS|" \
+        -e "s|$(WATCH_NAMESPACE_PLACEHOLDER)|$$WATCH_NAMESPACE|"
+endef
 
-.PHONY: uninstall
-uninstall: ## Delete the CRD (and with it every HimitsuSecret)
+.PHONY: install
+install: ## Apply (or upgrade) the CRD, server-side: what Helm never does for crds/
+	$(KUBECTL) apply --server-side -f deploy/crd/himitsu.io_himitsusecrets.yaml
+
+.PHONY: uninstall-crd
+uninstall-crd: ## DELETES the CRD, every HimitsuSecret, and (garbage collection) every Owner target Secret; CONFIRM=yes
+	@if [ "$(CONFIRM)" != yes ]; then \
+	  echo "make uninstall-crd deletes the HimitsuSecret CRD. With it the apiserver deletes every" >&2; \
+	  echo "HimitsuSecret in every namespace, and garbage collection then deletes every Secret they" >&2; \
+	  echo "own (creationPolicy Owner targets) that applications may be reading. Merge targets stay." >&2; \
+	  echo "To go ahead: make uninstall-crd CONFIRM=yes" >&2; exit 2; fi
 	$(KUBECTL) delete --ignore-not-found -f deploy/crd/himitsu.io_himitsusecrets.yaml
 
 .PHONY: deploy
 # $(value): the text as given, so a $(...) in it is refused below, never expanded by make.
 deploy: override export HIMITSU_API_URLS := $(value HIMITSU_API_URLS)
-deploy: ## Apply CRD, RBAC and the operator (kustomize: deploy/); HIMITSU_API_URLS=https://... required
+deploy: override export WATCH_NAMESPACE := $(value WATCH_NAMESPACE)
+deploy: ## Apply CRD, RBAC and the operator (kustomize: deploy/); HIMITSU_API_URLS=https://... required; WATCH_NAMESPACE, ROLLOUT_RESTARTS=yes
 	@# The value reaches the shell through the environment only, never as recipe text.
 	@case "$$HIMITSU_API_URLS" in *[!,]*) ;; *) \
 	  echo "make deploy: set HIMITSU_API_URLS to your Himitsu API URL(s), comma-separated: the operator sends tokens there and nowhere else, e.g." >&2; \
 	  echo "  make deploy HIMITSU_API_URLS=https://himitsu.example.com" >&2; exit 2;; esac
 	@case "$$HIMITSU_API_URLS" in *[!A-Za-z0-9.:/,_~[\]-]*) \
 	  echo "make deploy: HIMITSU_API_URLS may hold only URLs (letters, digits and .:/,_~[]-)" >&2; exit 2;; esac
-	set -o pipefail; $(KUBECTL) kustomize deploy/ \
-	  | sed "s|$(API_URLS_PLACEHOLDER)|$$HIMITSU_API_URLS|" | $(KUBECTL) apply -f -
+	@case "$$WATCH_NAMESPACE" in *[!a-z0-9-]*|-*) \
+	  echo "make deploy: WATCH_NAMESPACE must be a namespace name (a-z, 0-9, -)" >&2; exit 2;; esac
+	@case "$(ROLLOUT_RESTARTS)" in ""|yes|no) ;; *) \
+	  echo "make deploy: ROLLOUT_RESTARTS is yes or no" >&2; exit 2;; esac
+	set -o pipefail; $(deploy_manifests) | $(KUBECTL) apply -f -
 
 .PHONY: undeploy
-undeploy: ## Remove what `make deploy` applied
-	$(KUBECTL) delete --ignore-not-found -k deploy/
+undeploy: override export WATCH_NAMESPACE := $(value WATCH_NAMESPACE)
+undeploy: override ROLLOUT_RESTARTS := yes
+undeploy: ## Remove the operator (Deployment, Service, RBAC); keeps the CRD, every HimitsuSecret and Secret
+	@case "$$WATCH_NAMESPACE" in *[!a-z0-9-]*|-*) \
+	  echo "make undeploy: WATCH_NAMESPACE must be a namespace name (a-z, 0-9, -)" >&2; exit 2;; esac
+	@# Only what carries app.kubernetes.io/name=himitsu-operator: never the CRD (deleting it
+	@# deletes every HimitsuSecret) nor the himitsu-system Namespace (it may hold your own).
+	set -o pipefail; $(deploy_manifests) \
+	  | $(KUBECTL) delete --ignore-not-found -l app.kubernetes.io/name=himitsu-operator -f -
 
 .PHONY: docker-build
 # PYTHON_IMAGE: the Python 3.11 base (the Dockerfile's, pinned by digest); OFFLINE=1: build one locally with

@@ -5,7 +5,9 @@ must fail when deploy/rbac lacks a permission the code uses. So the operator pro
 authenticates with a TokenRequest token of ``himitsu-system/himitsu-operator``, bound
 exactly as deploy/rbac binds it. Extra identities serve two tests: a second replica
 (``himitsu-operator-b``, same bindings) so the apiserver audit log tells the two writers
-apart, and a Role-only identity for ``--namespace`` mode (deploy/rbac/role_namespaced.yaml).
+apart, and a Role-only identity for ``--namespace`` mode (deploy/namespaced/role.yaml).
+The suite exercises rollout restarts, so the operator also gets their RBAC
+(deploy/components/rollout-restarts), as an install that enables them does.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from .kubehelp import REPO, ApiError, KubeApi, kubectl, wait_for
 OPERATOR_NAMESPACE = "himitsu-system"
 OPERATOR_SA = "himitsu-operator"
 CLUSTER_ROLE = "himitsu-operator"
+RESTART_ROLE = "himitsu-operator-rollout-restart"
 LEADER_ELECTION_ROLE = "himitsu-operator-leader-election"
 CRD_NAME = "himitsusecrets.himitsu.io"
 CRD_FILE = REPO / "deploy" / "crd" / "himitsu.io_himitsusecrets.yaml"
 RBAC_DIR = REPO / "deploy" / "rbac"
+RESTART_DIR = REPO / "deploy" / "components" / "rollout-restarts"
+NAMESPACED_DIR = REPO / "deploy" / "namespaced"
 TOKEN_SECONDS = 4 * 3600
 
 
@@ -65,9 +70,12 @@ def install_crd(kube: KubeApi) -> None:
 
 
 def install_rbac(kube: KubeApi) -> None:
-    """deploy/rbac as shipped: ServiceAccount, ClusterRole(+Binding), leader-election Role."""
+    """deploy/rbac as shipped: ServiceAccount, ClusterRole(+Binding), leader-election Role,
+    and the rollout-restart ClusterRole(+Binding) of deploy/components/rollout-restarts."""
     ensure_namespace(kube, OPERATOR_NAMESPACE)
     kubectl(kube.kubeconfig, "apply", "-k", str(RBAC_DIR))
+    kubectl(kube.kubeconfig, "apply", "-f", str(RESTART_DIR / "role.yaml"),
+            "-f", str(RESTART_DIR / "role_binding.yaml"))
 
 
 def _apply(kube: KubeApi, *objects: dict[str, Any]) -> None:
@@ -76,17 +84,18 @@ def _apply(kube: KubeApi, *objects: dict[str, Any]) -> None:
 
 
 def add_service_account(kube: KubeApi, name: str) -> None:
-    """Another identity with the shipped ClusterRole and leader-election Role."""
+    """Another identity with the shipped ClusterRoles and leader-election Role."""
     subject = {"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NAMESPACE}
     _apply(
         kube,
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": {"name": name, "namespace": OPERATOR_NAMESPACE}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": name},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": CLUSTER_ROLE},
-         "subjects": [subject]},
+        *({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+           "metadata": {"name": binding},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                       "name": role},
+           "subjects": [subject]}
+          for binding, role in ((name, CLUSTER_ROLE), (f"{name}-restart", RESTART_ROLE))),
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": f"{name}-leader-election", "namespace": OPERATOR_NAMESPACE},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -96,9 +105,9 @@ def add_service_account(kube: KubeApi, name: str) -> None:
 
 
 def add_namespaced_service_account(kube: KubeApi, name: str, namespace: str) -> None:
-    """An identity holding only deploy/rbac/role_namespaced.yaml, in ``namespace``."""
-    role = yaml.safe_load((RBAC_DIR / "role_namespaced.yaml").read_text())
-    binding = yaml.safe_load((RBAC_DIR / "role_binding_namespaced.yaml").read_text())
+    """An identity holding only deploy/namespaced/role.yaml, in ``namespace``."""
+    role = yaml.safe_load((NAMESPACED_DIR / "role.yaml").read_text())
+    binding = yaml.safe_load((NAMESPACED_DIR / "role_binding.yaml").read_text())
     role = copy.deepcopy(role)
     role["metadata"]["namespace"] = namespace
     binding["metadata"]["namespace"] = namespace

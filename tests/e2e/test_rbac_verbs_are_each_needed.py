@@ -1,6 +1,8 @@
 """Every RBAC verb deploy/ grants is needed: without it, the code that uses it gets a 403.
 
-deploy/rbac/role.yaml and leader_election_role.yaml claim least privilege. The rest of
+deploy/rbac/role.yaml, leader_election_role.yaml and the rollout-restart role
+(deploy/components/rollout-restarts, granted when that feature is on) claim least
+privilege. The rest of
 the e2e suite proves the roles are *enough* (the operator runs as a ServiceAccount bound
 to them); this module proves each verb is *needed*, without a whole suite run per verb.
 For every (apiGroup, resource, verb) the two roles grant, a ServiceAccount is bound to
@@ -50,7 +52,10 @@ pytestmark = pytest.mark.e2e
 PLUGIN = "OwnerReferencesPermissionEnforcement"
 Grant = tuple[str, str, str]
 RBAC = REPO / "deploy" / "rbac"
-OPERATOR_RULES: list[dict[str, Any]] = yaml.safe_load((RBAC / "role.yaml").read_text())["rules"]
+RESTART_ROLE = REPO / "deploy" / "components" / "rollout-restarts" / "role.yaml"
+OPERATOR_RULES: list[dict[str, Any]] = [
+    *yaml.safe_load((RBAC / "role.yaml").read_text())["rules"],
+    *yaml.safe_load(RESTART_ROLE.read_text())["rules"]]
 LEASE_RULES: list[dict[str, Any]] = yaml.safe_load(
     (RBAC / "leader_election_role.yaml").read_text())["rules"]
 FINALIZERS: Grant = ("himitsu.io", "himitsusecrets/finalizers", "update")
@@ -64,14 +69,18 @@ def grants(rules: list[dict[str, Any]]) -> list[Grant]:
 
 
 def without(rules: list[dict[str, Any]], grant: Grant | None) -> list[dict[str, Any]]:
-    """The rules with one (group, resource, verb) taken away, and nothing else."""
+    """The rules with one (group, resource, verb) taken away, and nothing else (their
+    resourceNames kept)."""
     out = []
     for rule in rules:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 verbs = [v for v in rule["verbs"] if (group, resource, v) != grant]
                 if verbs:
-                    out.append({"apiGroups": [group], "resources": [resource], "verbs": verbs})
+                    names = {"resourceNames": rule["resourceNames"]} if rule.get(
+                        "resourceNames") else {}
+                    out.append({"apiGroups": [group], "resources": [resource], "verbs": verbs,
+                                **names})
     return out
 
 
@@ -203,7 +212,10 @@ def _allowed(env: Env, sa: str, grant: Grant) -> bool:
                  "groups": ["system:serviceaccounts", f"system:serviceaccounts:{SA_NAMESPACE}",
                             "system:authenticated"],
                  "resourceAttributes": {"group": group, "resource": resource, "verb": verb,
-                                        "namespace": env.namespace}}})
+                                        "namespace": env.namespace,
+                                        # the Lease rules name their one Lease
+                                        **({"name": cli.LEASE_NAME} if resource == "leases"
+                                           else {})}}})
     return bool(review["status"].get("allowed"))
 
 
@@ -278,9 +290,20 @@ def elector(env: Env, rest: RestClient, lease: str) -> LeaderElector:
                          on_stopped_leading=lambda: None)
 
 
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{}/leases"
+
+
+def no_lease(env: Env) -> str:
+    """The operator's Lease name (the rules name it), with no such Lease yet."""
+    env.kube.delete(f"{LEASES.format(env.namespace)}/{cli.LEASE_NAME}")
+    wait_for(lambda: env.kube.get_or_none(f"{LEASES.format(env.namespace)}/{cli.LEASE_NAME}")
+             is None, timeout=WAIT, what="the Lease deleted")
+    return cli.LEASE_NAME
+
+
 def released_lease(env: Env) -> str:
-    name = unique("lease")
-    env.kube.create(f"/apis/coordination.k8s.io/v1/namespaces/{env.namespace}/leases", {
+    name = no_lease(env)
+    env.kube.create(LEASES.format(env.namespace), {
         "metadata": {"name": name}, "spec": {"leaseDurationSeconds": 1}})
     return name
 
@@ -365,11 +388,11 @@ CHECKS: dict[Grant, Callable[[Env, RecordingRest], bool]] = {
     ("", "events", "create"): lambda env, rest: succeeds(
         lambda: kube_client(rest).record_event(
             env.owner, type="Normal", reason="Synced", message="an RBAC check")),
-    # A fresh Lease name: the elector reads (get), finds none, and creates it (create).
+    # No Lease yet: the elector reads (get), finds none, and creates it (create).
     ("coordination.k8s.io", "leases", "get"): lambda env, rest: acquires(
-        env, rest, unique("lease")),
+        env, rest, no_lease(env)),
     ("coordination.k8s.io", "leases", "create"): lambda env, rest: acquires(
-        env, rest, unique("lease")),
+        env, rest, no_lease(env)),
     # A released Lease: the elector reads it and takes it over (update).
     ("coordination.k8s.io", "leases", "update"): lambda env, rest: acquires(
         env, rest, released_lease(env)),

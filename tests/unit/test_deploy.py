@@ -42,9 +42,10 @@ OPERATOR_GRANTS = {
     ("himitsu.io", "himitsusecrets/finalizers", "update"),
     *{("", "secrets", v) for v in ("get", "list", "watch", "create", "update", "delete")},
     ("", "events", "create"),
-    *{("apps", r, v) for r in ("deployments", "statefulsets", "daemonsets")
-      for v in ("get", "patch")},
 }
+# Only with rollout restarts enabled (deploy/components/rollout-restarts).
+RESTART_GRANTS = {("apps", r, v) for r in ("deployments", "statefulsets", "daemonsets")
+                  for v in ("get", "patch")}
 LEADER_ELECTION_GRANTS = {
     *{("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
 }
@@ -144,20 +145,38 @@ def test_cluster_role_is_least_privilege() -> None:
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
 
 
-def test_namespaced_role_grants_the_same_as_the_cluster_role() -> None:
-    cluster = one("deploy/rbac/role.yaml", "ClusterRole")
-    role = one("deploy/rbac/role_namespaced.yaml", "Role")
-    assert role["rules"] == cluster["rules"]
-    binding = one("deploy/rbac/role_binding_namespaced.yaml", "RoleBinding")
-    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
+def test_namespaced_roles_grant_the_same_as_the_cluster_roles() -> None:
+    for cluster_file, role_file in [
+            ("deploy/rbac/role.yaml", "deploy/namespaced/role.yaml"),
+            ("deploy/components/rollout-restarts/role.yaml",
+             "deploy/components/rollout-restarts-namespaced/role.yaml")]:
+        cluster = one(cluster_file, "ClusterRole")
+        role = one(role_file, "Role")
+        assert role["rules"] == cluster["rules"], role_file
+        assert role["metadata"]["name"] == cluster["metadata"]["name"]
+        binding = one(role_file.replace("role.yaml", "role_binding.yaml"), "RoleBinding")
+        assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": role["metadata"]["name"]}
+
+
+def test_rollout_restart_role_grants_get_and_patch_on_workloads_only() -> None:
+    role = one("deploy/components/rollout-restarts/role.yaml", "ClusterRole")
+    assert grants(role["rules"]) == RESTART_GRANTS
+    binding = one("deploy/components/rollout-restarts/role_binding.yaml", "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
 
 
 def test_leader_election_role() -> None:
     role = one("deploy/rbac/leader_election_role.yaml", "Role")
     assert role["metadata"]["namespace"] == NAMESPACE
     assert grants(role["rules"]) == LEADER_ELECTION_GRANTS
+    # get and update for the one Lease; create cannot be narrowed by name.
+    by_verbs = {tuple(r["verbs"]): r.get("resourceNames") for r in role["rules"]}
+    assert by_verbs == {("get", "update"): ["himitsu-operator.himitsu.io"], ("create",): None}
+    from himitsu_controller.cli import LEASE_NAME  # noqa: PLC0415
+
+    assert by_verbs[("get", "update")] == [LEASE_NAME]
 
 
 @pytest.mark.parametrize(
@@ -479,7 +498,10 @@ def kustomization_files(directory: Path) -> list[Path]:
 def test_default_kustomization_is_the_contracts_three_files() -> None:
     files = kustomization_files(DEPLOY)
     assert files == [DEPLOY / "crd" / "himitsu.io_himitsusecrets.yaml",
-                     DEPLOY / "rbac" / "role.yaml", DEPLOY / "manager" / "manager.yaml"]
+                     DEPLOY / "rbac" / "role.yaml",
+                     DEPLOY / "rbac" / "aggregate" / "himitsu_view.yaml",
+                     DEPLOY / "rbac" / "aggregate" / "himitsu_edit.yaml",
+                     DEPLOY / "manager" / "manager.yaml"]
     (kust,) = docs("deploy/kustomization.yaml")
     assert kust["namespace"] == NAMESPACE
     ids = [(d["kind"], d["metadata"]["name"])
@@ -489,6 +511,8 @@ def test_default_kustomization_is_the_contracts_three_files() -> None:
 
 def test_every_kustomization_resolves() -> None:
     for kust in DEPLOY.rglob("kustomization.yaml"):
+        if docs(str(kust.relative_to(ROOT)))[0]["kind"] == "Component":
+            continue
         for path in kustomization_files(kust.parent):
             assert path.suffix == ".yaml"
 

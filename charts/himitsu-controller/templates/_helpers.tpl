@@ -1,0 +1,47 @@
+{{/* The objects' name: himitsu-operator, as deploy/ names them (the Lease, the roles). */}}
+{{- define "himitsu.fullname" -}}
+{{- default "himitsu-operator" .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "himitsu.selectorLabels" -}}
+app.kubernetes.io/name: himitsu-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end -}}
+
+{{- define "himitsu.labels" -}}
+app.kubernetes.io/name: himitsu-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: himitsu
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The rules of a role file copied from deploy/ (`make chart-sync`): one truth. */}}
+{{- define "himitsu.rulesOf" -}}
+{{- $doc := .root.Files.Get .file | fromYaml -}}
+{{- if not $doc.rules -}}
+{{- fail (printf "%s is missing from the chart: run `make chart-sync`" .file) -}}
+{{- end -}}
+{{- toYaml $doc.rules -}}
+{{- end -}}
+
+{{/* allowedApiUrls, required: where tokens may be sent. */}}
+{{- define "himitsu.allowedApiUrls" -}}
+{{- $urls := .Values.allowedApiUrls | default list -}}
+{{- if not $urls -}}
+{{- fail "allowedApiUrls is required: the Himitsu API URL(s) the operator may send tokens to, e.g. --set 'allowedApiUrls={https://himitsu.example.com}'" -}}
+{{- end -}}
+{{- range $urls -}}
+{{- if not (regexMatch "^https?://[^\\s,]+$" .) -}}
+{{- fail (printf "allowedApiUrls: %q is not an http(s) URL (one URL per item, no commas)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}
+
+{{/* The namespace the operator's rules apply in: watchNamespace, else none (cluster). */}}
+{{- define "himitsu.leaderElect" -}}
+{{- if gt (int .Values.replicaCount) 1 -}}true{{- end -}}
+{{- end -}}

@@ -1,0 +1,303 @@
+"""charts/himitsu-controller against deploy/: one truth, rendered with every value set.
+
+The chart reads its CRD and every RBAC rule from copies of deploy/'s files
+(hack/chart_sync.py); these tests fail when a copy differs, when a value set renders a
+grant no enabled feature needs, and when the Deployment drifts from deploy/manager.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import himitsu_controller
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+import chart_sync
+from installs import (
+    CHART,
+    LEASE,
+    RELEASE_NAMESPACE,
+    ROOT,
+    chart_with,
+    expected_grants,
+    helm_template,
+    objects,
+    one,
+    operator_grants,
+    render,
+    render_values,
+    rule_and_dashboard,
+    value_sets,
+)
+
+URL = "https://himitsu.example.com"
+BASE = ("--set", f"allowedApiUrls={{{URL}}}")
+
+
+def deploy_doc(relative: str, kind: str | None = None) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all((ROOT / relative).read_text()) if d]
+    return one(docs, kind) if kind else docs[0]
+
+
+# ---- one truth --------------------------------------------------------------------------
+
+
+def test_the_chart_s_copies_equal_deploy_s_sources() -> None:
+    assert chart_sync.differences() == []
+
+
+def test_chart_sync_check_fails_on_a_copy_that_differs_and_sync_repairs_it(
+        tmp_path: Path) -> None:
+    for source, copy, _ in chart_sync.pairs():
+        if source.exists():
+            for path in (source, copy):
+                target = tmp_path / path.relative_to(ROOT)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+    assert chart_sync.differences(tmp_path) == []
+    edited = tmp_path / "deploy" / "rbac" / "role.yaml"
+    edited.write_text(edited.read_text() + "  - apiGroups: [\"\"]\n")
+    rule = tmp_path / "deploy" / "prometheus" / "prometheusrule.yaml"
+    rule.parent.mkdir(parents=True, exist_ok=True)
+    rule.write_text("kind: PrometheusRule\n")
+    assert chart_sync.differences(tmp_path) == [
+        "charts/himitsu-controller/files/rbac/role.yaml differs from deploy/rbac/role.yaml",
+        "charts/himitsu-controller/files/prometheusrule.yaml differs from "
+        "deploy/prometheus/prometheusrule.yaml"]
+    chart_sync.sync(tmp_path)
+    assert chart_sync.differences(tmp_path) == []
+    rule.unlink()
+    assert chart_sync.differences(tmp_path) == [
+        "charts/himitsu-controller/files/prometheusrule.yaml has no source any more"]
+
+
+def test_crds_are_deploy_s_crd() -> None:
+    (crd,) = (CHART / "crds").iterdir()
+    assert crd.read_bytes() == (ROOT / "deploy" / "crd" / crd.name).read_bytes()
+
+
+def test_app_version_is_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == himitsu_controller.__version__ == "0.1.0"
+    deployment = one(render(*BASE), "Deployment")
+    (manager,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert manager["image"] == f"ghcr.io/himitsu-io/himitsu-controller:{chart['appVersion']}"
+
+
+# ---- RBAC ---------------------------------------------------------------------------------
+
+
+def _features(values: dict[str, Any]) -> dict[str, Any]:
+    return {"watch": values.get("watchNamespace") or None,
+            "restarts": bool((values.get("rolloutRestarts") or {}).get("enabled")),
+            "leader": int(values.get("replicaCount", 2)) > 1}
+
+
+@pytest.mark.parametrize("name", value_sets())
+def test_each_value_set_grants_exactly_what_its_features_need(name: str) -> None:
+    values = yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text())
+    docs = render_values(name)
+    assert operator_grants(docs) == expected_grants(**_features(values))
+    if values.get("watchNamespace"):
+        assert objects(docs, "ClusterRoleBinding") == []
+        assert {r["metadata"]["name"] for r in objects(docs, "ClusterRole")} == {
+            "himitsu-view", "himitsu-edit"}
+
+
+@pytest.mark.parametrize(("args", "features"), [
+    ((), {"watch": None, "restarts": False, "leader": True}),
+    (("--set", "rolloutRestarts.enabled=true"), {"watch": None, "restarts": True,
+                                                 "leader": True}),
+    (("--set", "watchNamespace=apps"), {"watch": "apps", "restarts": False, "leader": True}),
+    (("--set", "watchNamespace=apps", "--set", "rolloutRestarts.enabled=true",
+      "--set", "replicaCount=1"), {"watch": "apps", "restarts": True, "leader": False}),
+    (("--set", "replicaCount=1"), {"watch": None, "restarts": False, "leader": False}),
+])
+def test_rendered_rbac_follows_the_features_enabled(args: tuple[str, ...],
+                                                     features: dict[str, Any]) -> None:
+    assert operator_grants(render(*BASE, *args)) == expected_grants(**features)
+
+
+def test_the_chart_s_rules_equal_deploy_rbac_s() -> None:
+    docs = render(*BASE, "--set", "rolloutRestarts.enabled=true")
+    pairs = [
+        (one(docs, "ClusterRole", "himitsu-operator"), "deploy/rbac/role.yaml"),
+        (one(docs, "ClusterRole", "himitsu-operator-rollout-restart"),
+         "deploy/components/rollout-restarts/role.yaml"),
+        (one(docs, "Role", "himitsu-operator-leader-election"),
+         "deploy/rbac/leader_election_role.yaml"),
+        (one(docs, "ClusterRole", "himitsu-view"), "deploy/rbac/aggregate/himitsu_view.yaml"),
+        (one(docs, "ClusterRole", "himitsu-edit"), "deploy/rbac/aggregate/himitsu_edit.yaml"),
+    ]
+    for rendered, source in pairs:
+        shipped = deploy_doc(source)
+        assert rendered["rules"] == shipped["rules"], source
+        aggregation = {k: v for k, v in shipped["metadata"]["labels"].items()
+                       if k.startswith("rbac.authorization.k8s.io/")}
+        assert aggregation.items() <= rendered["metadata"]["labels"].items(), source
+    namespaced = render(*BASE, "--set", "watchNamespace=apps")
+    assert one(namespaced, "Role", "himitsu-operator")["rules"] == deploy_doc(
+        "deploy/namespaced/role.yaml")["rules"]
+
+
+def test_aggregated_roles_read_for_view_and_write_for_edit_and_admin() -> None:
+    docs = render(*BASE)
+    view, edit = one(docs, "ClusterRole", "himitsu-view"), one(docs, "ClusterRole", "himitsu-edit")
+    assert view["rules"] == [{"apiGroups": ["himitsu.io"], "resources": ["himitsusecrets"],
+                              "verbs": ["get", "list", "watch"]}]
+    assert edit["rules"][0]["verbs"] == [
+        "get", "list", "watch", "create", "update", "patch", "delete"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k in view["metadata"]["labels"] if k.startswith(aggregate)} == {
+        aggregate + "view"}
+    assert {k for k in edit["metadata"]["labels"] if k.startswith(aggregate)} == {
+        aggregate + "edit", aggregate + "admin"}
+    off = render(*BASE, "--set", "aggregateRoles.enabled=false")
+    assert [r["metadata"]["name"] for r in objects(off, "ClusterRole")] == ["himitsu-operator"]
+
+
+# ---- the Deployment ---------------------------------------------------------------------
+
+
+def _manager(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def test_the_pod_is_deploy_manager_s_pod() -> None:
+    """Security context, probes, resources, ports, volumes and grace: as deploy/manager."""
+    shipped = one(list(yaml.safe_load_all((ROOT / "deploy/manager/manager.yaml").read_text())),
+                  "Deployment")["spec"]["template"]["spec"]
+    rendered = one(render(*BASE), "Deployment")["spec"]["template"]["spec"]
+    for key in ("securityContext", "volumes", "terminationGracePeriodSeconds",
+                "enableServiceLinks"):
+        assert rendered[key] == shipped[key], key
+    (want,) = shipped["containers"]
+    (got,) = rendered["containers"]
+    for key in ("securityContext", "livenessProbe", "readinessProbe", "resources", "ports",
+                "volumeMounts", "imagePullPolicy", "name"):
+        assert got[key] == want[key], key
+    shipped_args = [a for a in want["args"] if not a.startswith("--allowed-api-urls")]
+    assert [a for a in got["args"] if a in shipped_args] == shipped_args
+    assert f"--allowed-api-urls={URL}" in got["args"]
+
+
+def test_leader_election_whenever_more_than_one_replica() -> None:
+    two = render(*BASE)
+    assert "--leader-elect" in _manager(two)["args"]
+    assert one(two, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+    single = render(*BASE, "--set", "replicaCount=1")
+    assert "--leader-elect" not in _manager(single)["args"]
+    # Without a Lease, a rolling update would run two operators at once.
+    assert one(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [r for r in objects(single, "Role") if "leader" in r["metadata"]["name"]]
+    lease_rules = one(two, "Role", "himitsu-operator-leader-election")["rules"]
+    assert [r.get("resourceNames") for r in lease_rules] == [[LEASE], None]
+
+
+def test_values_reach_the_pod() -> None:
+    docs = render_values("rollout-restarts", "--set", "image.tag=dev",
+                         "--set", "image.repository=registry.example.com/himitsu",
+                         "--set", "imagePullSecrets={regcred}",
+                         "--set", "watchNamespace=apps", "--set", "nodeSelector.disk=ssd")
+    pod = one(docs, "Deployment")["spec"]["template"]
+    manager = _manager(docs)
+    assert manager["image"] == "registry.example.com/himitsu:dev"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert "--workers=4" in manager["args"] and "--namespace=apps" in manager["args"]
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"} in manager["env"]
+    assert pod["metadata"]["annotations"]["example.com/team"] == "platform"
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd"}
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == one(docs, "Deployment")["spec"][
+        "selector"]["matchLabels"]
+
+
+def test_allowed_api_urls_are_required_and_the_failure_says_what_to_set() -> None:
+    result = helm_template(check=False)
+    assert result.returncode != 0
+    assert "allowedApiUrls is required" in result.stderr
+    assert "--set 'allowedApiUrls={https://himitsu.example.com}'" in result.stderr
+    result = helm_template("--set", "allowedApiUrls={https://a.example.com,https://b.example.com}")
+    assert "--allowed-api-urls=https://a.example.com,https://b.example.com" in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("--set", "replicaCount=two"),
+    ("--set", "rolloutRestarts.enabled=yes please"),
+    ("--set", "allowedApiUrls=https://himitsu.example.com"),  # a string, not a list
+    ("--set", "watchNamespace=Not_A_Namespace"),
+    ("--set", "logLevel=verbose"),
+])
+def test_a_wrong_type_fails_at_install(args: tuple[str, ...]) -> None:
+    result = helm_template(*BASE, *args, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+
+
+# ---- monitoring -------------------------------------------------------------------------
+
+
+def test_metrics_service_and_service_monitor_select_the_pods() -> None:
+    docs = render_values("servicemonitor")
+    service, monitor = one(docs, "Service"), one(docs, "ServiceMonitor")
+    assert service["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "8080",
+        "prometheus.io/path": "/metrics"}
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+        service["metadata"]["labels"].items())
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    assert objects(render(*BASE), "ServiceMonitor") == []
+
+
+def test_network_policy_opens_the_metrics_probes_apiserver_and_himitsu_ports_only() -> None:
+    policy = one(render_values("networkpolicy"), "NetworkPolicy")["spec"]
+    ingress = {p["port"]: rule["from"] for rule in policy["ingress"] for p in rule["ports"]}
+    assert set(ingress) == {8080, 8081}
+    assert ingress[8080] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+    egress = [sorted(p["port"] for p in rule["ports"]) for rule in policy["egress"]]
+    # DNS, the apiserver, and allowedApiUrls' ports: 443 (https default) and :8700.
+    assert egress == [[53, 53], [443, 6443], [443, 8700]]
+    assert policy["egress"][1]["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
+
+
+def test_prometheus_rule_and_dashboard_come_from_deploy_s_files(tmp_path: Path) -> None:
+    files = rule_and_dashboard()
+    chart = chart_with(tmp_path, files)
+    docs = render(*BASE, "--set", "prometheusRule.enabled=true",
+                  "--set", "prometheusRule.labels.release=prom",
+                  "--set", "grafanaDashboard.enabled=true",
+                  "--set", "grafanaDashboard.namespace=monitoring", chart=chart)
+    rule = one(docs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load(files["prometheusrule.yaml"])["spec"]
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    board = one(docs, "ConfigMap")
+    assert board["metadata"]["namespace"] == "monitoring"
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["data"] == {"himitsu-controller.json": files["grafana-dashboard.json"].rstrip(
+        "\n")}
+
+
+def test_enabling_a_missing_rule_or_dashboard_fails_naming_chart_sync(tmp_path: Path) -> None:
+    chart = chart_with(tmp_path, {})
+    for value in ("prometheusRule.enabled=true", "grafanaDashboard.enabled=true"):
+        result = helm_template(*BASE, "--set", value, chart=chart, check=False)
+        assert result.returncode != 0 and "make chart-sync" in result.stderr, value
+    assert objects(render(*BASE, chart=chart), "PrometheusRule") == []
+
+
+def test_make_chart_sync_check_passes_in_lint() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "hack" / "chart_sync.py"), "--check"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
