@@ -63,7 +63,7 @@ helm: ## Build helm $(HELM_VERSION) from its Go module into .local/bin (cached; 
 	@HELM='$(HELM)' HELM_VERSION='$(HELM_VERSION)' bash hack/helm.sh >/dev/null
 
 .PHONY: test
-test: venv kube-build ## Unit tests, then the end-to-end suite on a local control plane (the CI command)
+test: venv kube-build helm ## Unit tests, then the end-to-end suite on a local control plane (the CI command)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 	$(PY) -m pytest tests/e2e -m "e2e and not faults" $(PYTEST_ARGS)
 
@@ -72,11 +72,11 @@ test-faults: venv kube-build ## Fault-injection e2e tests (apiserver restarts, H
 	$(PY) -m pytest tests/e2e -m "faults" $(PYTEST_ARGS)
 
 .PHONY: test-unit
-test-unit: venv ## Unit tests only (seconds, no cluster)
+test-unit: venv helm ## Unit tests only (seconds, no cluster; helm renders the chart)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: test-e2e
-test-e2e: venv kube-build ## End-to-end suite (starts its own control plane, or uses E2E_KUBECONFIG)
+test-e2e: venv kube-build helm ## End-to-end suite (starts its own control plane, or uses E2E_KUBECONFIG)
 	$(PY) -m pytest tests/e2e -m "e2e and not faults" $(PYTEST_ARGS)
 
 ##@ Local control plane (etcd, kube-apiserver, kube-controller-manager built from Go modules)

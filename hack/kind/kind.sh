@@ -4,7 +4,8 @@
 #   hack/kind/kind.sh up NAME          create kind cluster NAME (kept if it exists)
 #   hack/kind/kind.sh down NAME        delete it, its docker network, restore the host
 #   hack/kind/kind.sh e2e NAME IMG     up, build IMG, load it, deploy the stand-in and
-#                                      the operator (`make deploy`), run tests/e2e, down
+#                                      the operator (`helm install` of the chart), run
+#                                      tests/e2e, down
 #
 # The kubeconfig of NAME is .local/kind/NAME/kubeconfig (never ~/.kube/config); kind is
 # $KIND, else a kind on PATH, of KIND_VERSION, else built from its Go module into
@@ -29,7 +30,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 standin_ns=himitsu-standin
 operator_ns=himitsu-system
-standin_url=http://himitsu-standin.himitsu-standin.svc:8700
+helm_release=himitsu
 : "${KIND_VERSION:=v0.33.0}"
 : "${KIND:=$repo/.local/bin/kind}"
 host_state=/tmp/himitsu-kind-host.state
@@ -277,15 +278,22 @@ deploy_standin() {
   "$KUBECTL" -n "$standin_ns" rollout status deployment/himitsu-standin --timeout=180s
 }
 
-# `make deploy` (deploy/ as users apply it) with the stand-in as the one allowed URL; the
-# stand-in speaks plain http inside the cluster, hence --allow-insecure-http added after.
+# The chart, as the README's first install path: `helm install` with hack/kind/values.yaml
+# (the stand-in as the one allowed URL) and the image built here, into a namespace that
+# enforces the restricted Pod Security Standard. tests/e2e/test_kind_helm.py upgrades,
+# uninstalls and reinstalls this release ($E2E_HELM_RELEASE).
 deploy_operator() {
-  local img="$1"
-  make -C "$repo" --no-print-directory deploy HIMITSU_API_URLS="$standin_url" KUBECTL="$KUBECTL"
-  local patch='[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--allow-insecure-http"}]'
-  "$KUBECTL" -n "$operator_ns" patch deployment himitsu-operator --type=json -p "$patch"
-  "$KUBECTL" -n "$operator_ns" set image deployment/himitsu-operator "manager=$img"
+  local img="$1" helm
+  helm="$(bash "$repo/hack/helm.sh")"
+  "$KUBECTL" create namespace "$operator_ns" --dry-run=client -o yaml | "$KUBECTL" apply -f -
+  "$KUBECTL" label namespace "$operator_ns" --overwrite pod-security.kubernetes.io/enforce=restricted
+  "$helm" upgrade --install "$helm_release" "$repo/charts/himitsu-controller" \
+    --namespace "$operator_ns" -f "$here/values.yaml" \
+    --set-string "image.repository=${img%:*}" --set-string "image.tag=${img##*:}" \
+    --wait --timeout 240s
   "$KUBECTL" -n "$operator_ns" rollout status deployment/himitsu-operator --timeout=240s
+  E2E_HELM="$helm"
+  export E2E_HELM
 }
 
 # A Prometheus that finds the operator through what deploy/ ships (tests/e2e/test_prometheus.py).
@@ -317,7 +325,7 @@ cmd_e2e() {
   "$KIND" load docker-image "$img" --name "$name"
   log "== Himitsu stand-in"
   deploy_standin "$img"
-  log "== operator (make deploy)"
+  log "== operator (helm install)"
   deploy_operator "$img"
   log "== Prometheus (hack/prometheus)"
   deploy_prometheus "$name" "$kubeconfig"
@@ -326,6 +334,7 @@ cmd_e2e() {
   [[ -x "$python" ]] || python=python3
   # shellcheck disable=SC2086 # PYTEST_ARGS is a list of words on purpose
   E2E_KUBECONFIG="$kubeconfig" E2E_PROMETHEUS_NAMESPACE=himitsu-prometheus \
+    E2E_HELM_RELEASE="$helm_release" \
     "$python" -m pytest "$repo/tests/e2e" \
     -m "e2e and not local_only" ${PYTEST_ARGS:-} || status=$?
   log "e2e-kind: pytest exit $status after $((SECONDS - start)) s"

@@ -1,7 +1,8 @@
 """The kind variant of the suite's fixtures: port-forwards and the in-cluster operator.
 
 Why apart from conftest: on kind (``E2E_KUBECONFIG`` set, driven by hack/kind/kind.sh)
-the operator is the Deployment from ``make deploy`` and the Himitsu stand-in is a Pod;
+the operator is the Deployment of the chart's release (``E2E_HELM_RELEASE``, installed
+by kind.sh) and the Himitsu stand-in is a Pod;
 the tests reach both through ``kubectl port-forward``. Nothing here runs on the local
 control plane, so it is kept out of the way of the code that does.
 """
@@ -28,7 +29,21 @@ OPERATOR_NAMESPACE = os.environ.get("E2E_OPERATOR_NAMESPACE", "himitsu-system")
 OPERATOR_SELECTOR = "app.kubernetes.io/name=himitsu-operator"
 LEASE = "himitsu-operator.himitsu.io"
 PER_TEST_FLAGS = ("needs an operator started with its own flags; on kind the operator is "
-                  "the in-cluster Deployment from `make deploy`")
+                  "the in-cluster Deployment of the chart")
+HELM_RELEASE = os.environ.get("E2E_HELM_RELEASE", "")
+CHART = Path(__file__).resolve().parents[2] / "charts" / "himitsu-controller"
+
+
+def helm(kubeconfig: str, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """The helm kind.sh installed the release with, on the release's namespace."""
+    from installs import helm_binary  # noqa: PLC0415
+
+    binary = os.environ.get("E2E_HELM") or helm_binary()
+    result = subprocess.run([binary, f"--kubeconfig={kubeconfig}", "--namespace",
+                             OPERATOR_NAMESPACE, *args], capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}{result.stderr}"
+    return result
 
 
 def standin_service_url() -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import os
 import shutil
 import subprocess
@@ -185,10 +186,12 @@ def test_every_value_set_and_every_make_deploy_shape_passes_a_server_side_dry_ru
             stdin="\n---\n".join(yaml.safe_dump(c) for c in MONITORING_CRDS))
     kubectl(own.kubeconfig, "apply", "--server-side", "-f", str(CHART / "crds"))
     crd_established(own)
+    def served(plural: str) -> bool:
+        return kubectl(own.kubeconfig, "get", f"{plural}.monitoring.coreos.com", "-A",
+                       check=False).returncode == 0
+
     for plural in ("servicemonitors", "prometheusrules"):
-        wait_for(lambda p=plural: kubectl(own.kubeconfig, "get", f"{p}.monitoring.coreos.com",
-                                          "-A", check=False).returncode == 0,
-                 timeout=WAIT, what=f"{plural} served")
+        wait_for(functools.partial(served, plural), timeout=WAIT, what=f"{plural} served")
     namespace(own, SYSTEM, **{"pod-security.kubernetes.io/enforce": "restricted"})
     namespace(own, "apps", **{"pod-security.kubernetes.io/enforce": "restricted"})
     for name in value_sets():

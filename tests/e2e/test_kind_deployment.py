@@ -1,8 +1,9 @@
-"""The Deployment of `make deploy` on a kubelet: hand-over, rolling update, readiness.
+"""The operator's Deployment on a kubelet: hand-over, rolling update, readiness.
 
 What users rely on and only a real node shows (kind only: `make e2e-kind`): the standby (or
 the replacement pod) takes the Lease when the leader's pod is deleted and syncs; a rolling
-update loses no change and never has two leaders; a replica whose caches cannot sync is kept
+update (a `helm upgrade` with changed values, when the chart installed it) loses no change
+and never has two leaders; a replica whose caches cannot sync is kept
 out of Ready by its probe (and stays alive). Two writers are ruled out from the Lease's
 history (every acquisition seen, leaseTransitions agreeing) and each replica's own log of
 its terms as leader (kind_watch.py), the audit log being off on kind.
@@ -20,7 +21,7 @@ import pytest
 import requests
 
 from .harness import Harness, Sync
-from .kind import OPERATOR_NAMESPACE, OPERATOR_SELECTOR, PortForward
+from .kind import CHART, HELM_RELEASE, OPERATOR_NAMESPACE, OPERATOR_SELECTOR, PortForward, helm
 from .kind_watch import LeaseWatch, PodLogs, lease_spec, pod_of
 from .kubehelp import KubeApi, kubectl, wait_for
 
@@ -107,13 +108,18 @@ def test_a_rolling_update_loses_no_change_and_never_has_two_leaders(
         h: Harness, ns: str, kube: KubeApi, session_dir: Path) -> None:
     sync = h.sync(ns, "API_KEY", refresh="2s")
     before = {p["metadata"]["name"] for p in pods(kube)}
-    # A flag change (the default log level, explicitly): a new pod template, same behaviour.
-    patch = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
-              "value": "--log-level=info"}]
+    # Changed values (a pod annotation): a new pod template, same behaviour.
+    stamp = f"himitsu\\.test/rolled={ns}"
 
     with LeaseWatch(kube) as lease, PodLogs(kube, session_dir) as logs:
-        kubectl(kube.kubeconfig, "-n", OPERATOR_NAMESPACE, "patch", "deployment",
-                "himitsu-operator", "--type=json", "-p", json.dumps(patch))
+        if HELM_RELEASE:
+            helm(kube.kubeconfig, "upgrade", HELM_RELEASE, str(CHART), "--reuse-values",
+                 "--set-string", f"podAnnotations.{stamp}")
+        else:  # an install of deploy/ (`make deploy`)
+            patch = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
+                      "value": "--log-level=info"}]
+            kubectl(kube.kubeconfig, "-n", OPERATOR_NAMESPACE, "patch", "deployment",
+                    "himitsu-operator", "--type=json", "-p", json.dumps(patch))
         n = 0
         while not rolled_out(kube):  # every change made mid-rollout is synced
             n += 1

@@ -301,3 +301,23 @@ def test_make_chart_sync_check_passes_in_lint() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "hack" / "chart_sync.py"), "--check"],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_kind_run_allows_its_stand_in_and_nothing_else() -> None:
+    """hack/kind/kind.sh: `helm install` with hack/kind/values.yaml, the image it loaded."""
+    from himitsu_controller.cli import build_parser  # noqa: PLC0415
+    from himitsu_controller.sync.allowlist import AllowList  # noqa: PLC0415
+
+    script = (ROOT / "hack" / "kind" / "kind.sh").read_text()
+    assert '-f "$here/values.yaml"' in script
+    docs = render("-f", str(ROOT / "hack" / "kind" / "values.yaml"))
+    (svc,) = [d for d in yaml.safe_load_all((ROOT / "hack" / "kind" / "standin.yaml").read_text())
+              if d["kind"] == "Service"]
+    standin = (f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:"
+               f"{svc['spec']['ports'][0]['port']}")
+    parsed = build_parser().parse_args(_manager(docs)["args"])
+    assert parsed.allowed_api_urls == standin and parsed.allow_insecure_http
+    allowed = AllowList(parsed.allowed_api_urls.split(","),
+                        allow_insecure_http=parsed.allow_insecure_http)
+    assert allowed.check(standin) == standin
+    assert operator_grants(docs) == expected_grants(watch=None, restarts=True, leader=True)
