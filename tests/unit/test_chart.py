@@ -224,15 +224,20 @@ def test_allowed_api_urls_are_required_and_the_failure_says_what_to_set() -> Non
     result = helm_template(check=False)
     assert result.returncode != 0
     assert "allowedApiUrls is required" in result.stderr
-    assert "--set 'allowedApiUrls={https://himitsu.example.com}'" in result.stderr
-    result = helm_template("--set", "allowedApiUrls={https://a.example.com,https://b.example.com}")
-    assert "--allowed-api-urls=https://a.example.com,https://b.example.com" in result.stdout
+    assert "--set allowedApiUrls=https://himitsu.example.com" in result.stderr
+    both = "--allowed-api-urls=https://a.example.com,https://b.example.com"
+    for value in ("{https://a.example.com,https://b.example.com}",  # a list
+                  "https://a.example.com\\,https://b.example.com"):  # one string
+        assert both in helm_template("--set", f"allowedApiUrls={value}").stdout, value
+    one_url = helm_template("--set", "allowedApiUrls=https://himitsu.example.com").stdout
+    assert "--allowed-api-urls=https://himitsu.example.com\n" in one_url
 
 
 @pytest.mark.parametrize("args", [
     ("--set", "replicaCount=two"),
     ("--set", "rolloutRestarts.enabled=yes please"),
-    ("--set", "allowedApiUrls=https://himitsu.example.com"),  # a string, not a list
+    ("--set", "allowedApiUrls=5"),
+    ("--set", "allowedApiUrls=himitsu.example.com"),  # no scheme
     ("--set", "watchNamespace=Not_A_Namespace"),
     ("--set", "logLevel=verbose"),
 ])

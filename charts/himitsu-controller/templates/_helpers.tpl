@@ -30,8 +30,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* allowedApiUrls, required: where tokens may be sent. */}}
 {{- define "himitsu.allowedApiUrls" -}}
 {{- $urls := .Values.allowedApiUrls | default list -}}
+{{- if kindIs "string" $urls }}{{ $urls = splitList "," $urls }}{{ end -}}
 {{- if not $urls -}}
-{{- fail "allowedApiUrls is required: the Himitsu API URL(s) the operator may send tokens to, e.g. --set 'allowedApiUrls={https://himitsu.example.com}'" -}}
+{{- fail "allowedApiUrls is required: the Himitsu API URL(s) the operator may send tokens to, e.g. --set allowedApiUrls=https://himitsu.example.com (several: --set 'allowedApiUrls={https://a.example.com,https://b.example.com}')" -}}
 {{- end -}}
 {{- range $urls -}}
 {{- if not (regexMatch "^https?://[^\\s,]+$" .) -}}
