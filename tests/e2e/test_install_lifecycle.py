@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from himitsu_controller import api
-from himitsu_controller.sync import targets
+from himitsu_controller.sync.target import targets
 from installs import (
     chart_with,
     helm_binary,
