@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,35 @@ def install_rbac(kube: KubeApi) -> None:
     kubectl(kube.kubeconfig, "apply", "-k", str(RBAC_DIR))
     kubectl(kube.kubeconfig, "apply", "-f", str(RESTART_DIR / "role.yaml"),
             "-f", str(RESTART_DIR / "role_binding.yaml"))
+
+
+def lease_name(kube: KubeApi, prefix: str) -> str:
+    """A fresh Lease name the operator's identities may use in OPERATOR_NAMESPACE.
+
+    The shipped leader-election Role grants get and update on one Lease by name; tests
+    that run their own elections use one Lease each, so each name is added to that
+    rule's resourceNames (the rules are otherwise the shipped ones), and this returns
+    once the authorizer lets the operator's ServiceAccount get it.
+    """
+    name = f"{prefix}-{secrets.token_hex(4)}"
+    path = (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/roles/"
+            f"{LEADER_ELECTION_ROLE}")
+    role = kube.get(path)
+    (index,) = [i for i, rule in enumerate(role["rules"]) if rule.get("resourceNames")]
+    kube.request("PATCH", path, body=[
+        {"op": "add", "path": f"/rules/{index}/resourceNames/-", "value": name}],
+        content_type="application/json-patch+json")
+
+    def allowed() -> bool:
+        review = kube.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": username(OPERATOR_SA), "resourceAttributes": {
+                "group": "coordination.k8s.io", "resource": "leases", "verb": "update",
+                "name": name, "namespace": OPERATOR_NAMESPACE}}})
+        return bool(review["status"].get("allowed"))
+
+    wait_for(allowed, timeout=30, what=f"Lease {name} allowed by the leader-election Role")
+    return name
 
 
 def _apply(kube: KubeApi, *objects: dict[str, Any]) -> None:

@@ -21,7 +21,6 @@ the test, playing the Deployment, starts it again until it leads and converges.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,7 +149,7 @@ def test_outage_without_leader_election(fc: FaultCluster) -> None:
 
 def test_outage_with_leader_election(fc: FaultCluster) -> None:
     h, ns = fc.h, fc.namespace("outage-le")
-    lease = f"faults-{secrets.token_hex(4)}"
+    lease = cluster_setup.lease_name(fc.kube, "faults")
     flags = ("--leader-elect", "--leader-election-namespace", cluster_setup.OPERATOR_NAMESPACE,
              "--leader-election-id", lease, "--leader-election-lease-duration", LEASE[0],
              "--leader-election-renew-deadline", LEASE[1],

@@ -22,11 +22,10 @@ with whatever it had queued (it must have aborted its hung writes by then).
 from __future__ import annotations
 
 import itertools
-import secrets
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -111,7 +110,7 @@ class Replicas:
 
     launcher: OperatorLauncher
     kubeconfigs: dict[str, str]
-    lease: str = field(default_factory=lambda: f"faults-{secrets.token_hex(4)}")
+    lease: str
 
     def start(self, service_account: str, name: str,
               timings: tuple[str, str, str] = LEASE) -> OperatorProcess:
@@ -126,10 +125,11 @@ class Replicas:
 
 
 @pytest.fixture
-def replicas(operator: OperatorLauncher, operator_kubeconfig: str,
+def replicas(operator: OperatorLauncher, operator_kubeconfig: str, kube: KubeApi,
              second_kubeconfig: str, third_kubeconfig: str) -> Replicas:
-    return Replicas(operator, {cluster_setup.OPERATOR_SA: operator_kubeconfig,
-                               SECOND_SA: second_kubeconfig, THIRD_SA: third_kubeconfig})
+    return Replicas(operator, lease=cluster_setup.lease_name(kube, "faults"), kubeconfigs={
+        cluster_setup.OPERATOR_SA: operator_kubeconfig, SECOND_SA: second_kubeconfig,
+        THIRD_SA: third_kubeconfig})
 
 
 def _identity(op: OperatorProcess) -> str:

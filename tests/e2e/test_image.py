@@ -21,7 +21,6 @@ import base64
 import json
 import os
 import re
-import secrets
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +157,8 @@ class Smoke:
 
 
 @pytest.fixture
-def smoke(operator_kubeconfig: str, standin: StandinClient, tmp_path: Path) -> Smoke:
+def smoke(operator_kubeconfig: str, standin: StandinClient, kube: KubeApi,
+          tmp_path: Path) -> Smoke:
     run = image_run.pod_run(MANIFEST, env={"HIMITSU_API_URLS": standin.api_url})
     assert "--leader-elect" in run.args, "the Deployment no longer elects a leader"
     # The token is that ServiceAccount's, bound as deploy/rbac binds it there.
@@ -175,7 +175,7 @@ def smoke(operator_kubeconfig: str, standin: StandinClient, tmp_path: Path) -> S
             args.append(f"{bind.group(1)}=127.0.0.1:{port}")
         else:
             args.append(given)
-    lease = f"e2e-image-{secrets.token_hex(4)}"
+    lease = cluster_setup.lease_name(kube, "e2e-image")
     args += ["--allow-insecure-http", f"--leader-election-id={lease}"]
     flags = [*run.flags, "--network=host",
              f"--volume={sa_dir}:{image_run.SERVICE_ACCOUNT_DIR}:ro",

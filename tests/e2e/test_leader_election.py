@@ -11,7 +11,6 @@ Which replica leads is read from its own ``leader_election_master_status`` gauge
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -45,11 +44,11 @@ Pair = tuple[tuple[OperatorProcess, str], tuple[OperatorProcess, str]]
 
 
 @pytest.fixture
-def start_pair(operator: OperatorLauncher, operator_kubeconfig: str,
+def start_pair(operator: OperatorLauncher, operator_kubeconfig: str, kube: KubeApi,
                second_kubeconfig: str) -> Callable[..., tuple[str, Pair]]:
     """Start two replicas on a fresh Lease: ((process, ServiceAccount), ...) and its name."""
     def start(timings: tuple[str, str, str] = FAST) -> tuple[str, Pair]:
-        lease = f"e2e-{secrets.token_hex(4)}"
+        lease = cluster_setup.lease_name(kube, "e2e")
         flags = ("--leader-elect",
                  "--leader-election-namespace", cluster_setup.OPERATOR_NAMESPACE,
                  "--leader-election-id", lease,

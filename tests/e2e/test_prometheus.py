@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,7 +88,7 @@ def test_prometheus_on_the_host_scrapes_two_local_replicas_and_evaluates_the_ale
         operator: OperatorLauncher, h: Harness, ns: str, session_dir: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not on PATH (Debian: apt-get install prometheus; CI installs it)")
-    lease = f"e2e-prom-{secrets.token_hex(4)}"
+    lease = cluster_setup.lease_name(h.kube, "e2e-prom")
     flags = ("--leader-elect", "--leader-election-namespace", cluster_setup.OPERATOR_NAMESPACE,
              "--leader-election-id", lease, f"--allowed-api-urls={h.standin.api_url}")
     replicas = [operator.start(*flags, name=f"replica-{i}") for i in "ab"]
