@@ -41,7 +41,8 @@ def test_the_readme_links_point_at_pages_and_sections_that_exist() -> None:
 def test_the_readme_covers_install_use_and_troubleshooting() -> None:
     headings = [line[3:] for line in README.read_text().splitlines()
                 if line.startswith("## ")]
-    assert headings[:4] == ["Two commands", "Install", "Use", "How syncing works"]
+    assert headings[:5] == [
+        "Two commands", "Install", "Uninstalling", "Use", "How syncing works"]
     assert "When something is wrong" in headings
 
 
