@@ -24,6 +24,9 @@ COPIES: dict[str, str] = {
     "deploy/rbac/aggregate/himitsu_view.yaml": "files/rbac/himitsu_view.yaml",
     "deploy/rbac/aggregate/himitsu_edit.yaml": "files/rbac/himitsu_edit.yaml",
     "deploy/components/rollout-restarts/role.yaml": "files/rbac/rollout_restart_role.yaml",
+    "deploy/components/metrics-secure/metrics_auth_role.yaml": "files/rbac/metrics_auth_role.yaml",
+    "deploy/components/metrics-secure/metrics_reader_role.yaml":
+        "files/rbac/metrics_reader_role.yaml",
 }
 OPTIONAL: dict[str, str] = {
     "deploy/prometheus/prometheusrule.yaml": "files/prometheusrule.yaml",

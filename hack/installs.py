@@ -38,12 +38,17 @@ SYNC_GRANTS = {
 }
 RESTART_GRANTS = {("apps", r, v) for r in ("deployments", "statefulsets", "daemonsets")
                   for v in ("get", "patch")}
+# --metrics-secure: each scrape's token and grant reviewed (cluster-scoped kinds).
+SECURE_METRICS_GRANTS = {("authentication.k8s.io", "tokenreviews", "create"),
+                         ("authorization.k8s.io", "subjectaccessreviews", "create")}
 
 
 def expected_grants(*, watch: str | None, restarts: bool, leader: bool,
-                    namespace: str = RELEASE_NAMESPACE) -> set[Grant]:
+                    secure: bool = False, namespace: str = RELEASE_NAMESPACE) -> set[Grant]:
     scope = watch or "*"
     grants = {(scope, *g, "") for g in SYNC_GRANTS}
+    if secure:
+        grants |= {("*", *g, "") for g in SECURE_METRICS_GRANTS}
     if restarts:
         grants |= {(scope, *g, "") for g in RESTART_GRANTS}
     if leader:

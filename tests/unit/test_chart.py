@@ -97,7 +97,8 @@ def test_app_version_is_the_package_version() -> None:
 def _features(values: dict[str, Any]) -> dict[str, Any]:
     return {"watch": values.get("watchNamespace") or None,
             "restarts": bool((values.get("rolloutRestarts") or {}).get("enabled")),
-            "leader": int(values.get("replicaCount", 2)) > 1}
+            "leader": int(values.get("replicaCount", 2)) > 1,
+            "secure": bool((values.get("metricsSecure") or {}).get("enabled"))}
 
 
 @pytest.mark.parametrize("name", value_sets())
@@ -119,6 +120,8 @@ def test_each_value_set_grants_exactly_what_its_features_need(name: str) -> None
     (("--set", "watchNamespace=apps", "--set", "rolloutRestarts.enabled=true",
       "--set", "replicaCount=1"), {"watch": "apps", "restarts": True, "leader": False}),
     (("--set", "replicaCount=1"), {"watch": None, "restarts": False, "leader": False}),
+    (("--set", "metricsSecure.enabled=true", "--set", "watchNamespace=apps"),
+     {"watch": "apps", "restarts": False, "leader": True, "secure": True}),
 ])
 def test_rendered_rbac_follows_the_features_enabled(args: tuple[str, ...],
                                                      features: dict[str, Any]) -> None:
@@ -326,3 +329,26 @@ def test_the_kind_run_allows_its_stand_in_and_nothing_else() -> None:
                         allow_insecure_http=parsed.allow_insecure_http)
     assert allowed.check(standin) == standin
     assert operator_grants(docs) == expected_grants(watch=None, restarts=True, leader=True)
+
+
+def test_secure_metrics_serve_https_with_deploy_s_review_rules() -> None:
+    docs = render(*BASE, "--set", "metricsSecure.enabled=true",
+                  "--set", "serviceMonitor.enabled=true")
+    for name, source in (("himitsu-operator-metrics-auth", "metrics_auth_role.yaml"),
+                         ("himitsu-operator-metrics-reader", "metrics_reader_role.yaml")):
+        shipped = deploy_doc(f"deploy/components/metrics-secure/{source}")
+        assert one(docs, "ClusterRole", name)["rules"] == shipped["rules"], source
+    manager = _manager(docs)
+    assert {"--metrics-secure", "--metrics-cert-dir=/etc/himitsu/metrics-cert"} <= set(
+        manager["args"])
+    pod = one(docs, "Deployment")["spec"]["template"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "metrics-cert"]
+    assert volume["secret"]["secretName"] == "himitsu-operator-metrics-cert"
+    for annotated in (pod["metadata"], one(docs, "Service")["metadata"]):
+        assert annotated["annotations"]["prometheus.io/scheme"] == "https"
+    (endpoint,) = one(docs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["ca"]["secret"] == {
+        "name": "himitsu-operator-metrics-cert", "key": "ca.crt"}
+    plain = render(*BASE)
+    assert "--metrics-secure" not in _manager(plain)["args"]
+    assert not [r for r in objects(plain, "ClusterRole") if "metrics" in r["metadata"]["name"]]
