@@ -171,20 +171,23 @@ class KubeClient:
 
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,
+        max_age: float | None = None,
     ) -> SecretValue:
         """The value and the Secret's binding, cached for ``token_ttl``; read afresh when
         the value is to go to a ``for_url`` it has not gone to before (since the cache
         was last dropped), so a binding added or narrowed since the cached read counts
-        at once for a new apiUrl. Polls of a known apiUrl cost no request."""
+        at once for a new apiUrl. Polls of a known apiUrl cost no request. ``max_age``
+        shortens the TTL for this read (a refused token's replacement is looked for):
+        the readers of one token Secret still share one GET."""
         ident = (namespace, name, key)
-        cached = self._cached_value(ident, for_url)
+        cached = self._cached_value(ident, for_url, max_age)
         if cached is not None:
             return cached
         # One reader per token Secret at a time: the readers of one token come due
         # together (they share a Himitsu poll), and each worker that missed the cache at
         # that moment used to send its own GET (16 for one Secret after a restart).
         with self._reader(ident) as reader:
-            cached = self._cached_value(ident, for_url)
+            cached = self._cached_value(ident, for_url, max_age)
             if cached is not None:
                 return cached
             self._sweep()  # on misses only: one comes at least every TTL while any is used
@@ -196,12 +199,14 @@ class KubeClient:
                         self._urls[ident] = (*urls, for_url)  # overtook the read
             return found
 
-    def _cached_value(self, ident: tuple[str, str, str], url: str | None) -> SecretValue | None:
+    def _cached_value(self, ident: tuple[str, str, str], url: str | None,
+                      max_age: float | None = None) -> SecretValue | None:
         with self._lock:
             hit = self._tokens.get(ident)
             known = url is None or url in self._urls.get(ident, ())
         now = self._clock()
-        return hit[1] if known and hit is not None and now - hit[0] < self._token_ttl else None
+        ttl = self._token_ttl if max_age is None else min(max_age, self._token_ttl)
+        return hit[1] if known and hit is not None and now - hit[0] < ttl else None
 
     @contextmanager
     def _reader(self, ident: tuple[str, str, str]) -> Iterator[_Reader]:

@@ -78,6 +78,13 @@ class HimitsuError(Exception):
         self.code = code
         self.request_id = request_id
 
+    @property
+    def gist(self) -> str:
+        """The message without its requestId (new on every attempt): what stays the same
+        while a failure repeats."""
+        suffix = f" (requestId {self.request_id})" if self.request_id else ""
+        return self.message.removesuffix(suffix) if suffix else self.message
+
 
 class InvalidInput(HimitsuError):
     """A URL, id or option failed local validation; no request was made."""
@@ -337,7 +344,7 @@ class HimitsuClient:
 
     def __init__(
         self, *, ca_file: str | None = None, connect_timeout: float = 5, read_timeout: float = 15,
-        deadline: float = 30, max_response_bytes: int = 16 * 1024 * 1024, retries: int = 2,
+        deadline: float = 30, max_response_bytes: int = 16 * 1024 * 1024, retries: int = 0,
         backoff_base: float = 0.2, session_factory: Callable[[], requests.Session] | None = None,
         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
         observer: Callable[[str], None] | None = None, pacing: Pacing | None = None,

@@ -48,6 +48,11 @@ class Memory:
     data_source: str | None = None  # its himitsu.io/source-hash
     # A first sync's write: "created" the target, or "changed" one that existed (rollout).
     first_write: str | None = None
+    # The source (token hash included) Himitsu last refused with a 401/403, how many
+    # times in a row, and until when it is not asked again while the token stays.
+    refused: str | None = None
+    refusals: int = 0
+    refused_until: float = 0.0
     # A key derived from the token: an older version's record is checked with it (rollout).
     legacy_key: bytes | None = field(default=None, repr=False)
 

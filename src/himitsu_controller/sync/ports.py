@@ -73,8 +73,10 @@ class Kube(Workloads, Protocol):
         HimitsuSecret ``uid``'s stamps or controller reference (cached copies)."""
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,
+        max_age: float | None = None,
     ) -> SecretValue:
-        """May be cached; read afresh before the value first goes to ``for_url``."""
+        """May be cached (no longer than ``max_age`` seconds when given); read afresh
+        before the value first goes to ``for_url``."""
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None: ...
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
     def dry_run_create_secret(self, namespace: str, body: dict[str, Any]) -> None:

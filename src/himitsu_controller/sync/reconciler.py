@@ -40,11 +40,16 @@ RACES_REPORTED = 5  # lost write races in a row before Ready says so
 
 
 class _Failure(Exception):
-    def __init__(self, reason: str, message: str, *, retry_after: float | None = None) -> None:
+    """``message`` goes to Ready; ``request_id`` (Himitsu's, new on every attempt) only to
+    the log and the Event of a transition, so a failure that repeats rewrites nothing."""
+
+    def __init__(self, reason: str, message: str, *, retry_after: float | None = None,
+                 request_id: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.retry_after = retry_after
+        self.request_id = request_id
 
 
 class _Requeue(Exception):
@@ -123,18 +128,26 @@ class HimitsuSecretReconciler:
         idle = wakes.woken_idle(self._kube, ctx, spec, mem, now=self._clock())
         if idle is not None:
             return idle
-        if api.force_sync_value(ctx.obj) != ctx.status.last_force_sync:
+        forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
+        if forced:
             # A forced sync reads the token Secret afresh too: the way to have a
             # narrowed binding (or a replaced token) count at once.
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name,
                                 spec.auth_secret_key)
         began = self._now().timestamp()
-        self._follow_spec(ctx, spec, mem, api_url)
-        token = self._token(ctx.owner.namespace, spec, api_url)
+        moved = self._follow_spec(ctx, spec, mem, api_url)
+        # While Himitsu refuses the token, its Secret is read often (a replacement counts
+        # within seconds), Himitsu rarely.
+        token = self._token(ctx.owner.namespace, spec, api_url,
+                            max_age=schedule.TOKEN_RECHECK if mem.refused else None)
         # One string for every reader of a source, not one per HimitsuSecret's memory;
         # the token's key checks a rollout record an older version wrote (sync.rollout).
         source, mem.legacy_key = sys.intern(himitsu.source_fingerprint(
             api_url, spec.project_id, spec.environment_id, token)), rollout.legacy_key(token)
+        if mem.refused == source and not forced and mem.refused_until > began:
+            # The token Himitsu refused is still the one its Secret holds: Ready says so
+            # already; look again for a replacement soon, ask Himitsu when the backoff ends.
+            raise _Requeue(self._recheck(spec, mem.refused_until - began))
         target = self._read_target(ctx, spec, mem)
         try:
             targets.check_ownership(
@@ -150,13 +163,22 @@ class HimitsuSecretReconciler:
         # hash is no part of the target's source stamp, but it is the poller's source).
         intact = held and mem.source in (None, source)
         # A rollout salt we cannot vouch for is a stamp to put back (a full sync).
-        known = self._known_version(ctx, intact=held and targets.holds_stamps(
-            target, owner=ctx.owner, spec=spec, salt=self._salt(ctx, spec, mem, target)))
+        consistent = held and targets.holds_stamps(
+            target, owner=ctx.owner, spec=spec, salt=self._salt(ctx, spec, mem, target))
+        known = self._known_version(ctx, intact=consistent)
         floor = ctx.status.config_version if held else None
-        result, retry = self._fetch(
-            ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
-            api_url=api_url, floor=floor, fallback=not intact)
-        mem.source = source
+        # A wake before the poll is due, with the target holding what we wrote (a foreign
+        # annotation or Merge key, a spec edit keeping the source): no news is needed.
+        held_answer = self._held_answer(ctx, mem)
+        quiet = (consistent and intact and not (forced or moved)
+                 and self._not_due(ctx, spec, mem, began, held_answer))
+        if quiet and floor is not None and held_answer is not None:
+            result, retry = himitsu.NotModified(version=floor, age=began - held_answer), None
+        else:
+            result, retry = self._fetch(
+                ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
+                api_url=api_url, floor=floor, fallback=not intact, fingerprint=source)
+        mem.source, mem.refused, mem.refusals = source, None, 0
         polled = self._now().timestamp()
         answered = polled - result.age
         if retry is not None or (not intact and answered < began):
@@ -173,7 +195,8 @@ class HimitsuSecretReconciler:
             data_changed, count = False, ctx.status.secret_count
             # What the rollout record is compared with.
             rollout.note_held(mem, target, self._salt(ctx, spec, mem, target))
-            metrics.count_sync("not_modified")
+            if not quiet:  # a poll; a quiet wake asked nothing
+                metrics.count_sync("not_modified")
         else:
             rendered = self._render(spec, result.secrets)
             data_changed, count = self._write(
@@ -192,10 +215,12 @@ class HimitsuSecretReconciler:
             )
         except KubeError as exc:
             raise _Failure("WriteFailure", str(exc)) from None
-        mem.failures, mem.answered, mem.interval = 0, answered, spec.refresh_interval
-        mem.due = schedule.next_due(
-            spec.refresh_interval, answered=answered,
-            fraction=self._rng() if result.jitter is None else result.jitter)
+        mem.failures, mem.answered = 0, answered
+        if not quiet or mem.interval != spec.refresh_interval:  # a quiet wake keeps its poll
+            mem.due = schedule.next_due(
+                spec.refresh_interval, answered=answered,
+                fraction=self._rng() if result.jitter is None else result.jitter)
+        mem.interval = spec.refresh_interval
         if mem.revalidate is not None:
             soon = polled + retry if retry is not None else answered + schedule.FRESH
             mem.due = soon if mem.due is None else min(mem.due, soon)
@@ -218,17 +243,21 @@ class HimitsuSecretReconciler:
             return mem.salt if spec.rollout.targets else None
         return rollout.trusted_salt(mem, target, self._status.rollout_entries(ctx.key, ctx.obj))
 
-    def _follow_spec(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str) -> None:
+    def _follow_spec(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str) -> bool:
         """Memory follows the spec: a HimitsuSecret whose spec names another source leaves
         the old one (its secrets go with its last reader) even if this reconcile fails
-        before it reads anything (a missing token Secret)."""
+        before it reads anything (a missing token Secret). True when it moved so (another
+        token Secret or key, say: Himitsu is asked whether that token reads the source)."""
         reads = (api_url, spec.project_id, spec.environment_id, spec.auth_secret_name,
                  spec.auth_secret_key)
         if mem.reads != reads:
             self._fetcher.release(ctx.key)
             # Interned: parsing makes new strings, which memory would keep per object.
+            moved = mem.reads is not None
             mem.reads = tuple(sys.intern(part) for part in reads)
             mem.source, mem.revalidate = None, None
+            return moved
+        return False
 
     @staticmethod
     def _known_version(ctx: Context, *, intact: bool) -> int | None:
@@ -271,10 +300,11 @@ class HimitsuSecretReconciler:
             mem.expect(resource_version(target))
         return target
 
-    def _token(self, namespace: str, spec: api.Spec, api_url: str) -> str:
+    def _token(self, namespace: str, spec: api.Spec, api_url: str, *,
+               max_age: float | None) -> str:
         try:
             return self._tokens.read(namespace, spec.auth_secret_name, spec.auth_secret_key,
-                                     api_url=api_url)
+                                     api_url=api_url, max_age=max_age)
         except TokenNotAllowed as exc:
             raise _Failure("InvalidSpec", str(exc)) from None
         except TokenError as exc:
@@ -282,7 +312,7 @@ class HimitsuSecretReconciler:
 
     def _fetch(
         self, ctx: Context, spec: api.Spec, token: str, known: int | None, *,
-        window: float, api_url: str, floor: int | None, fallback: bool,
+        window: float, api_url: str, floor: int | None, fallback: bool, fingerprint: str,
     ) -> tuple[himitsu.FetchResult, float | None]:
         """Himitsu's answer, and None; or, for a write that cannot wait (``fallback``: a
         first sync or a repair) while Himitsu cannot be asked (429, 5xx, transport,
@@ -310,28 +340,44 @@ class HimitsuSecretReconciler:
                 log.info("written from memory, Himitsu to be asked again", key=ctx.key,
                          error=type(exc).__name__)
                 return remembered, max(1.0, delay)
-            self._fetch_failed(ctx, spec, exc)
+            self._fetch_failed(ctx, spec, exc, fingerprint)
         except himitsu.HimitsuError as exc:
-            self._fetch_failed(ctx, spec, exc)
+            self._fetch_failed(ctx, spec, exc, fingerprint)
         if isinstance(result, himitsu.NotModified) and known is None:
             raise _Failure("FetchFailure",
                            "the Himitsu API answered 304 to an unconditional request")
         return result, None
 
-    def _fetch_failed(self, ctx: Context, spec: api.Spec, exc: Exception) -> NoReturn:
+    def _fetch_failed(self, ctx: Context, spec: api.Spec, exc: Exception,
+                      fingerprint: str) -> NoReturn:
         if isinstance(exc, polls.LocallyRateLimited):  # not sent: a quiet wait
             raise _Requeue(max(0.5, exc.retry_after), paced=True) from None
+        request_id = exc.request_id if isinstance(exc, himitsu.HimitsuError) else None
+        message = exc.gist if isinstance(exc, himitsu.HimitsuError) else str(exc)
         if isinstance(exc, (himitsu.Unauthorized, himitsu.Forbidden)):
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
-            raise _Failure("AuthenticationFailure", str(exc)) from None
+            mem = self._remember(ctx)
+            mem.refusals = mem.refusals + 1 if mem.refused == fingerprint else 1
+            mem.refused = fingerprint
+            wait = schedule.auth_backoff(mem.refusals)
+            mem.refused_until = self._clock() + wait
+            raise _Failure("AuthenticationFailure", message, request_id=request_id,
+                           retry_after=self._recheck(spec, wait)) from None
         if isinstance(exc, (himitsu.BadRequest, himitsu.InvalidInput)):
-            raise _Failure("InvalidSpec", str(exc)) from None
+            raise _Failure("InvalidSpec", message, request_id=request_id) from None
         if isinstance(exc, himitsu.RateLimited):  # this reconcile's own request got the 429
             delay = max(1.0, float(exc.retry_after))
             raise _Failure("FetchFailure", (
                 f"rate limited by the Himitsu API, retrying in {round(delay)} s"
-            ), retry_after=delay) from None
-        raise _Failure("FetchFailure", str(exc)) from None
+            ), retry_after=delay, request_id=request_id) from None
+        raise _Failure("FetchFailure", message, request_id=request_id) from None
+
+    @staticmethod
+    def _recheck(spec: api.Spec, wait: float) -> float:
+        """When to look at a refused token's Secret again: within ``TOKEN_RECHECK`` (and
+        refreshInterval), or when Himitsu may be asked again if that comes first."""
+        interval = spec.refresh_interval if spec.refresh_interval > 0 else float("inf")
+        return max(0.1, min(wait, schedule.TOKEN_RECHECK, interval))
 
     def _render(self, spec: api.Spec, secrets: Mapping[str, str]) -> dict[str, str]:
         tpl = spec.target.template
@@ -393,11 +439,12 @@ class HimitsuSecretReconciler:
         mem.failures += 1
         mem.due = None  # a retry is not the scheduled poll: no lateness allowance
         metrics.count_sync("failed", failure.reason)
-        log.info("sync failed", key=ctx.key, reason=failure.reason, message=failure.message)
+        log.info("sync failed", key=ctx.key, reason=failure.reason, message=failure.message,
+                 request_id=failure.request_id)
         try:
             self._status.failed(
                 ctx.key, ctx.obj, reason=failure.reason, message=failure.message,
-                generation=ctx.generation,
+                generation=ctx.generation, request_id=failure.request_id,
             )
         except KubeError as exc:
             log.warning("status update failed", key=ctx.key, error=str(exc))
@@ -429,6 +476,32 @@ class HimitsuSecretReconciler:
         with self._lock:
             memory = dict(self._memory)
         return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)
+
+    @staticmethod
+    def _held_answer(ctx: Context, mem: Memory) -> float | None:
+        """When Himitsu gave the answer the target holds: this process's, else status's."""
+        if mem.answered is not None:
+            return mem.answered
+        last = api.parse_time(ctx.status.last_sync_time)
+        return last.timestamp() if last is not None else None
+
+    @staticmethod
+    def _not_due(ctx: Context, spec: api.Spec, mem: Memory, now: float,
+                 answered: float | None) -> bool:
+        """Nothing asks this reconcile for news: Ready (a failure is retried), an answer
+        held, no revalidation pending, no poll due (refreshInterval 0: none ever is)."""
+        ready = ctx.status.ready
+        if (ready is None or ready.status != "True" or answered is None or mem.failures
+                or mem.revalidate is not None):
+            return False
+        interval = spec.refresh_interval
+        if interval <= 0:
+            return True
+        # Not scheduled in this process, or under another refreshInterval: due by this
+        # one (as early as its jitter allows).
+        due = mem.due if mem.due is not None and interval == mem.interval else \
+            schedule.next_due(interval, answered=answered, fraction=1.0)
+        return due is not None and not schedule.is_due(now, due)
 
     def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
         if mem.revalidate is not None:  # only an answer asked for since (see ``_sync``)

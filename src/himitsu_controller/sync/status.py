@@ -66,7 +66,7 @@ class StatusWriter:
                         f"refreshInterval {api.format_duration(interval)} allows")
         was_ready = _ready_status(previous) == "True"
         status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
-        self._write(key, obj, status)
+        self._write_if_changed(key, obj, status, previous)
         if data_changed:
             self._event(obj, "Normal", "Synced", (
                 f"Wrote {_keys(secret_count)} at config version {version} to Secret {target!r}"
@@ -95,27 +95,26 @@ class StatusWriter:
                    "polls back)")
         status = dict(previous)
         status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
-        if status != previous:
-            self._write(key, obj, status)
-        else:
-            self._report(obj, status)
+        self._write_if_changed(key, obj, status, previous)
 
     def failed(
         self, key: str, obj: Mapping[str, Any], *, reason: str, message: str, generation: int,
+        request_id: str | None = None,
     ) -> None:
+        """``message`` is Ready's (the same while a failure repeats: nothing is written);
+        ``request_id``, Himitsu's for this attempt, goes only into a transition's Event."""
         previous = self._current(key, obj)
         status = dict(previous)
         message = bounded(message)
         status["conditions"] = [self._ready("False", reason, message, previous, generation)]
         transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
         try:
-            if status != previous:
-                self._write(key, obj, status)
-            else:  # nothing to write (a restart finding the same failure): still in the gauge
-                self._report(obj, status)
+            # Nothing to write (the same failure again, or after a restart): still in the gauge.
+            self._write_if_changed(key, obj, status, previous)
         finally:  # the Event does not depend on the status write (a 403 on it, say)
             if transition:
-                self._event(obj, "Warning", reason, message)
+                note = f" (requestId {request_id})" if request_id else ""
+                self._event(obj, "Warning", reason, bounded(message + note))
 
     def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``status.rolloutRestarts`` as we last wrote it (``sync.rollout``'s record)."""
@@ -169,6 +168,15 @@ class StatusWriter:
             type="Ready", status=state, reason=reason, message=message,
             last_transition_time=str(since), observed_generation=generation,
         ).to_dict()
+
+    def _write_if_changed(self, key: str, obj: Mapping[str, Any], status: dict[str, Any],
+                          previous: Mapping[str, Any]) -> None:
+        """Write ``status`` unless it is ``previous`` (a patch that changes nothing still
+        bumps the object's resourceVersion and wakes every watcher); report Ready either way."""
+        if {k: v for k, v in status.items() if v is not None} != previous:
+            self._write(key, obj, status)
+        else:
+            self._report(obj, previous)
 
     def _write(self, key: str, obj: Mapping[str, Any], status: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}

@@ -37,11 +37,14 @@ class TokenReader:
     def __init__(self, kube: Kube) -> None:
         self._kube = kube
 
-    def read(self, namespace: str, name: str, key: str, *, api_url: str) -> str:
+    def read(self, namespace: str, name: str, key: str, *, api_url: str,
+             max_age: float | None = None) -> str:
         """The checked token in ``namespace``/``name`` at ``key``, allowed to go to the
-        normalised ``api_url``; else ``TokenNotAllowed`` or ``TokenError``."""
+        normalised ``api_url``; else ``TokenNotAllowed`` or ``TokenError``. ``max_age``:
+        read the Secret afresh if the cached value is older (seconds)."""
         try:
-            found = self._kube.read_secret_value(namespace, name, key, for_url=api_url)
+            found = self._kube.read_secret_value(namespace, name, key, for_url=api_url,
+                                                 max_age=max_age)
         except SecretNotFound:
             raise TokenError(
                 f"token Secret {name!r} not found in namespace {namespace!r}; create it with "

@@ -63,9 +63,11 @@ class RecordingKube(FakeKube):
 
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,
+        max_age: float | None = None,
     ) -> SecretValue:
         self._note("read_secret_value", namespace)
-        return super().read_secret_value(namespace, name, key, for_url=for_url)
+        return super().read_secret_value(namespace, name, key, for_url=for_url,
+                                         max_age=max_age)
 
     def forget_secret_value(self, namespace: str, name: str, key: str) -> None:
         self._note("forget_secret_value", namespace)

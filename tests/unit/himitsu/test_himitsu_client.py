@@ -599,10 +599,33 @@ def test_5xx_then_success_is_retried_with_backoff(
 ) -> None:
     mock.get(URL, status=503, json=envelope("UNAVAILABLE"))
     mock.get(URL, **runtime(3, {"A": "1"}))
-    assert fetch(make_client()) == Fetched(version=3, secrets={"A": "1"})
+    assert fetch(make_client(retries=1)) == Fetched(version=3, secrets={"A": "1"})
     assert len(mock.calls) == 2
     assert len(clock.sleeps) == 1 and 0.1 <= clock.sleeps[0] <= 0.2
     assert outcomes == ["5xx", "200"]
+
+
+def test_by_default_one_fetch_is_one_request_even_on_a_5xx(
+    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
+) -> None:
+    """The reconcile's backoff owns the retries (issue 21 item 6): during an outage one
+    attempt is one request, not three."""
+    mock.get(URL, status=500, json=envelope("INTERNAL_ERROR"))
+    mock.get(URL, **runtime(3, {"A": "1"}))
+    with pytest.raises(ServerError):
+        fetch(make_client())
+    assert len(mock.calls) == 1 and clock.sleeps == []
+
+
+def test_the_failure_gist_drops_only_the_request_id(
+    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient],
+) -> None:
+    mock.get(URL, status=500, json=envelope("INTERNAL_ERROR", request_id="req-7"))
+    with pytest.raises(ServerError) as caught:
+        fetch(make_client())
+    assert caught.value.request_id == "req-7" and "req-7" in caught.value.message
+    assert caught.value.gist == caught.value.message.removesuffix(" (requestId req-7)")
+    assert "req-7" not in caught.value.gist and caught.value.gist.startswith("Himitsu API")
 
 
 def test_5xx_retries_are_bounded_and_grow(
@@ -630,7 +653,7 @@ def test_transport_failure_is_retried_without_echoing_the_library(
 ) -> None:
     mock.get(URL, body=requests.ConnectionError(f"boom {SECRET} {TOKEN}"))
     mock.get(URL, **runtime(1, {}))
-    assert fetch(make_client()) == Fetched(version=1, secrets={})
+    assert fetch(make_client(retries=1)) == Fetched(version=1, secrets={})
     assert outcomes == ["transport_error", "200"]
     mock.replace(responses.GET, URL, body=requests.ConnectionError(f"boom {SECRET} {TOKEN}"))
     with pytest.raises(TransportError) as caught:

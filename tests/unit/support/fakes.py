@@ -189,6 +189,7 @@ class FakeKube:
 
     def read_secret_value(
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,
+        max_age: float | None = None,
     ) -> SecretValue:
         self._maybe_fail("read_secret_value")
         secret = self.secrets.get((namespace, name))

@@ -190,7 +190,7 @@ def test_after_a_cold_start_targets_not_reconciled_yet_show_their_lag(world: Wor
 
 def test_a_target_never_synced_or_synced_once_does_not_lag(world: World) -> None:
     world.edit_spec(refreshInterval="0")
-    world.sync(5)
+    world.reconcile()  # a spec edit keeping the source: nothing asked
     add_other(world)  # a new HimitsuSecret, not reconciled yet: no answer, no promise
     world.clock.advance(3600)
     world.restart()

@@ -179,14 +179,17 @@ def test_target_recorded_for_another_source_forces_a_full_fetch(
         world.hsec["spec"]["environmentId"])
 
 
-def test_spec_generation_change_forces_a_full_fetch(world: World) -> None:
+def test_spec_edit_keeping_the_source_asks_himitsu_nothing_before_the_poll(
+        world: World) -> None:
+    """The target's source stamp shows it holds this spec's source: no news is needed
+    (issue 21 item 2); the status records the new generation, the poll stays conditional."""
     world.sync(5)
     world.hsec["metadata"]["generation"] = 2
-    world.sync(5)
-    assert world.fetcher.known_versions == [None, None]
+    world.reconcile()
+    assert world.fetcher.known_versions == [None]
     assert world.status()["observedGeneration"] == 2
     world.poll(himitsu.NotModified(5))
-    assert world.fetcher.known_versions == [None, None, 5]
+    assert world.fetcher.known_versions == [None, 5]
 
 
 def test_new_force_sync_value_forces_one_full_fetch(world: World) -> None:
@@ -207,8 +210,8 @@ def test_a_force_sync_reads_the_token_secret_afresh(world: World) -> None:
     cached: dict[str, SecretValue] = {}  # the adapter's token cache, as the fake has none
     read, forget = kube.read_secret_value, kube.forget_secret_value
 
-    def cached_read(namespace: str, name: str, key: str, *,
-                    for_url: str | None = None) -> SecretValue:
+    def cached_read(namespace: str, name: str, key: str, *, for_url: str | None = None,
+                    max_age: float | None = None) -> SecretValue:
         return cached.setdefault(name, read(namespace, name, key, for_url=for_url))
 
     def dropping_forget(namespace: str, name: str, key: str) -> None:
@@ -319,8 +322,8 @@ def test_merge_foreign_edits_do_not_force_a_fetch_or_a_write() -> None:
     target["data"]["HELM_KEY"] = b64("helm-v2")
     world.kube.edit_secret(NS, TARGET, data=target["data"])
     writes = world.kube.writes()
-    world.reconcile(himitsu.NotModified(5))
-    assert world.fetcher.known_versions == [None, 5]
+    world.reconcile()  # the foreign write's wake, before the poll is due: nothing asked
+    assert world.fetcher.known_versions == [None]
     assert world.kube.writes() == writes
 
 

@@ -13,6 +13,10 @@ so the reconciler's timing can be read (and tested) in one place.
 from __future__ import annotations
 
 MAX_FAILURE_BACKOFF = 300.0
+# A token Himitsu refused (401/403) is sent again at most this rarely while its Secret
+# still holds it (each refusal is an auth.login_failed audit row in Himitsu)...
+MAX_AUTH_BACKOFF = 1800.0
+TOKEN_RECHECK = 10.0  # ...and its Secret is read this often for a replacement (seconds)
 JITTER = 0.1  # a poll comes up to 10% of the interval early, never late
 SHARE = 0.5  # a poll may take another reader's answer up to half an interval old
 DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
@@ -77,7 +81,8 @@ def share_window(
         # poll would be due already (at least 90% of an interval after the answer): such
         # an answer costs a second poll at once, so the first may as well ask Himitsu.
         return max(0.0, min(window + max(0.0, now - due), (1 - JITTER) * interval - MIN_REQUEUE))
-    if answered is not None and due is not None:
+    if answered is not None and (due is not None or interval <= 0):
+        # Not due (refreshInterval 0 never is): any answer as recent as the target's.
         return max(window, now - answered)
     return window
 
@@ -113,3 +118,9 @@ def backoff(failures: int, interval: float) -> float:
     """Exponential from 1 s, capped at min(refreshInterval, 5 min) but at least 1 s."""
     cap = min(interval, MAX_FAILURE_BACKOFF) if interval > 0 else MAX_FAILURE_BACKOFF
     return float(min(2.0 ** min(failures - 1, 30), max(cap, 1.0)))
+
+
+def auth_backoff(refusals: int) -> float:
+    """How long a token Himitsu refused ``refusals`` times in a row is not sent again
+    while its Secret holds it: 1 s doubling to 30 min, whatever refreshInterval."""
+    return float(min(2.0 ** min(refusals - 1, 30), MAX_AUTH_BACKOFF))
