@@ -121,6 +121,7 @@ class HimitsuSecretReconciler:
         mem = self._remember(ctx)
         lag.first_sight(mem, last_sync_time=ctx.status.last_sync_time,
                         interval=spec.refresh_interval, in_step=wakes.in_step(ctx))
+        moved = self._follow_spec(ctx, spec, mem, api_url)
         deferred = None if rollout.pending(ctx.obj) else wakes.defer_after_restart(
             self._kube, ctx, spec, mem, now=self._clock())
         if deferred is not None:
@@ -135,19 +136,7 @@ class HimitsuSecretReconciler:
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name,
                                 spec.auth_secret_key)
         began = self._now().timestamp()
-        moved = self._follow_spec(ctx, spec, mem, api_url)
-        # While Himitsu refuses the token, its Secret is read often (a replacement counts
-        # within seconds), Himitsu rarely.
-        token = self._token(ctx.owner.namespace, spec, api_url,
-                            max_age=schedule.TOKEN_RECHECK if mem.refused else None)
-        # One string for every reader of a source, not one per HimitsuSecret's memory;
-        # the token's key checks a rollout record an older version wrote (sync.rollout).
-        source, mem.legacy_key = sys.intern(himitsu.source_fingerprint(
-            api_url, spec.project_id, spec.environment_id, token)), rollout.legacy_key(token)
-        if mem.refused == source and not forced and mem.refused_until > began:
-            # The token Himitsu refused is still the one its Secret holds: Ready says so
-            # already; look again for a replacement soon, ask Himitsu when the backoff ends.
-            raise _Requeue(self._recheck(spec, mem.refused_until - began))
+        token, source = self._source(ctx, spec, mem, api_url, forced=forced, now=began)
         target = self._read_target(ctx, spec, mem)
         try:
             targets.check_ownership(
@@ -169,13 +158,11 @@ class HimitsuSecretReconciler:
         floor = ctx.status.config_version if held else None
         # A wake before the poll is due, with the target holding what we wrote (a foreign
         # annotation or Merge key, a spec edit keeping the source): no news is needed.
-        held_answer = self._held_answer(ctx, mem)
-        quiet = (consistent and intact and not (forced or moved)
-                 and self._not_due(ctx, spec, mem, began, held_answer))
-        if quiet and floor is not None and held_answer is not None:
-            result, retry = himitsu.NotModified(version=floor, age=began - held_answer), None
-        else:
-            result, retry = self._fetch(
+        since = self._quiet(ctx, spec, mem, began) \
+            if consistent and intact and not (forced or moved) else None
+        quiet = since is not None and floor is not None
+        result, retry = (himitsu.NotModified(version=floor, age=began - since), None) \
+            if since is not None and floor is not None else self._fetch(
                 ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
                 api_url=api_url, floor=floor, fallback=not intact, fingerprint=source)
         mem.source, mem.refused, mem.refusals = source, None, 0
@@ -204,27 +191,54 @@ class HimitsuSecretReconciler:
             ), len(result.secrets)
             metrics.count_sync("written" if data_changed else "unchanged")
         self._release_earlier_targets(ctx, spec)
-        try:
-            self._status.synced(
-                ctx.key, ctx.obj, version=result.version, secret_count=count or 0,
-                generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
-                data_changed=data_changed, target=spec.target.name,
-                answered_at=datetime.fromtimestamp(answered, UTC),
-                late=schedule.lag(polled, mem.answered, mem.interval) if timed else 0.0,
-                interval=mem.interval,
-            )
-        except KubeError as exc:
-            raise _Failure("WriteFailure", str(exc)) from None
+        self._report_synced(
+            ctx, spec, version=result.version, count=count or 0, data_changed=data_changed,
+            answered=answered, late=schedule.lag(polled, mem.answered, mem.interval)
+            if timed else 0.0, interval=mem.interval)
         mem.failures, mem.answered = 0, answered
-        if not quiet or mem.interval != spec.refresh_interval:  # a quiet wake keeps its poll
-            mem.due = schedule.next_due(
-                spec.refresh_interval, answered=answered,
-                fraction=self._rng() if result.jitter is None else result.jitter)
+        self._schedule(spec, mem, result.jitter, polled=polled, retry=retry, quiet=quiet)
+        return wakes.until_due(mem, now=self._clock())
+
+    def _schedule(self, spec: api.Spec, mem: Memory, jitter: float | None, *, polled: float,
+                  retry: float | None, quiet: bool) -> None:
+        """The next poll: an interval after the answer held (a quiet wake keeps the one
+        scheduled), sooner when that answer must be revalidated."""
+        answered = mem.answered or polled
+        if not quiet or mem.interval != spec.refresh_interval:
+            mem.due = schedule.next_due(spec.refresh_interval, answered=answered,
+                                        fraction=self._rng() if jitter is None else jitter)
         mem.interval = spec.refresh_interval
         if mem.revalidate is not None:
             soon = polled + retry if retry is not None else answered + schedule.FRESH
             mem.due = soon if mem.due is None else min(mem.due, soon)
-        return wakes.until_due(mem, now=self._clock())
+
+    def _source(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str, *,
+                forced: bool, now: float) -> tuple[str, str]:
+        """The token and the poller's source it reads. While Himitsu refuses that token,
+        its Secret is read often (a replacement counts within seconds), Himitsu rarely:
+        the same token again is a quiet wait until its backoff ends (Ready says why)."""
+        token = self._token(ctx.owner.namespace, spec, api_url,
+                            max_age=schedule.TOKEN_RECHECK if mem.refused else None)
+        # One string for every reader of a source, not one per HimitsuSecret's memory;
+        # the token's key checks a rollout record an older version wrote (sync.rollout).
+        source, mem.legacy_key = sys.intern(himitsu.source_fingerprint(
+            api_url, spec.project_id, spec.environment_id, token)), rollout.legacy_key(token)
+        if mem.refused == source and not forced and mem.refused_until > now:
+            raise _Requeue(self._recheck(spec, mem.refused_until - now))
+        return token, source
+
+    def _report_synced(self, ctx: Context, spec: api.Spec, *, version: int, count: int,
+                       data_changed: bool, answered: float, late: float,
+                       interval: float) -> None:
+        try:
+            self._status.synced(
+                ctx.key, ctx.obj, version=version, secret_count=count,
+                generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
+                data_changed=data_changed, target=spec.target.name,
+                answered_at=datetime.fromtimestamp(answered, UTC), late=late,
+                interval=interval)
+        except KubeError as exc:
+            raise _Failure("WriteFailure", str(exc)) from None
 
     def _release_earlier_targets(self, ctx: Context, spec: api.Spec) -> None:
         """The target holds our data now: an earlier one (target.name changed) goes."""
@@ -252,8 +266,10 @@ class HimitsuSecretReconciler:
                  spec.auth_secret_key)
         if mem.reads != reads:
             self._fetcher.release(ctx.key)
+            # First seen in this process: the status was written for this very spec (its
+            # generation), or the spec changed since, perhaps its token reference.
+            moved = mem.reads is not None or ctx.status.observed_generation != ctx.generation
             # Interned: parsing makes new strings, which memory would keep per object.
-            moved = mem.reads is not None
             mem.reads = tuple(sys.intern(part) for part in reads)
             mem.source, mem.revalidate = None, None
             return moved
@@ -478,30 +494,25 @@ class HimitsuSecretReconciler:
         return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)
 
     @staticmethod
-    def _held_answer(ctx: Context, mem: Memory) -> float | None:
-        """When Himitsu gave the answer the target holds: this process's, else status's."""
-        if mem.answered is not None:
-            return mem.answered
-        last = api.parse_time(ctx.status.last_sync_time)
-        return last.timestamp() if last is not None else None
-
-    @staticmethod
-    def _not_due(ctx: Context, spec: api.Spec, mem: Memory, now: float,
-                 answered: float | None) -> bool:
-        """Nothing asks this reconcile for news: Ready (a failure is retried), an answer
-        held, no revalidation pending, no poll due (refreshInterval 0: none ever is)."""
+    def _quiet(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> float | None:
+        """When Himitsu gave the answer the target holds (this process's, else status's),
+        if nothing asks this reconcile for news: Ready (a failure is retried), no
+        revalidation pending, no poll due (refreshInterval 0: none ever is). Else None."""
         ready = ctx.status.ready
+        last = api.parse_time(ctx.status.last_sync_time)
+        answered = mem.answered if mem.answered is not None else \
+            last.timestamp() if last is not None else None
         if (ready is None or ready.status != "True" or answered is None or mem.failures
                 or mem.revalidate is not None):
-            return False
+            return None
         interval = spec.refresh_interval
         if interval <= 0:
-            return True
+            return answered
         # Not scheduled in this process, or under another refreshInterval: due by this
         # one (as early as its jitter allows).
         due = mem.due if mem.due is not None and interval == mem.interval else \
             schedule.next_due(interval, answered=answered, fraction=1.0)
-        return due is not None and not schedule.is_due(now, due)
+        return answered if due is not None and not schedule.is_due(now, due) else None
 
     def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
         if mem.revalidate is not None:  # only an answer asked for since (see ``_sync``)

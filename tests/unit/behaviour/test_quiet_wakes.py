@@ -8,10 +8,11 @@ import copy
 from typing import Any
 
 import pytest
-from reconcile_world import KEY, NS, TARGET, TOKEN, World, b64, values
+from fakes import b64
+from reconcile_world import KEY, NS, TARGET, TOKEN, World, values
 
 from himitsu_controller import api, himitsu
-from himitsu_controller.sync.polls import SharedPoller
+from himitsu_controller.sync.polling.polls import SharedPoller
 
 
 class CountingClient:
@@ -88,6 +89,7 @@ def test_a_foreign_key_written_into_a_merge_target_asks_himitsu_nothing() -> Non
 def test_a_spec_edit_keeping_the_source_asks_himitsu_nothing_even_after_a_restart() -> None:
     world, client = polled_world("0")
     world.restart()
+    wake(world)  # the new process's first look (its informer lists every object)
     world.clock.advance(30)
     world.edit_spec(refreshInterval="0s")
     wake(world)
