@@ -156,15 +156,14 @@ class HimitsuSecretReconciler:
             target, owner=ctx.owner, spec=spec, salt=self._salt(ctx, spec, mem, target))
         known = self._known_version(ctx, intact=consistent)
         floor = ctx.status.config_version if held else None
-        # A wake before the poll is due, with the target holding what we wrote (a foreign
+        # A wake before the poll is due, with the target holding our data (a foreign
         # annotation or Merge key, a spec edit keeping the source): no news is needed.
-        since = self._quiet(ctx, spec, mem, began) \
-            if consistent and intact and not (forced or moved) else None
-        quiet = since is not None and floor is not None
-        result, retry = (himitsu.NotModified(version=floor, age=began - since), None) \
-            if since is not None and floor is not None else self._fetch(
-                ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
-                api_url=api_url, floor=floor, fallback=not intact, fingerprint=source)
+        held_answer = self._held_answer(ctx, spec, mem, target, began, consistent=consistent) \
+            if intact and not (forced or moved) else None
+        result, retry = (held_answer[0], None) if held_answer is not None else self._fetch(
+            ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
+            api_url=api_url, floor=floor, fallback=not intact, fingerprint=source)
+        restamp = held_answer[1] if held_answer is not None else None
         mem.source, mem.refused, mem.refusals = source, None, 0
         polled = self._now().timestamp()
         answered = polled - result.age
@@ -178,11 +177,15 @@ class HimitsuSecretReconciler:
         timed = schedule.is_due(polled, mem.due)
         if timed:
             metrics.observe_lateness(polled - (mem.due or polled))
-        if isinstance(result, himitsu.NotModified):
+        if restamp is not None:  # the stamps back, the data as the target holds it
+            data_changed, count = self._write(
+                ctx, spec, mem, target=restamp[0], rendered=restamp[1],
+                version=result.version), ctx.status.secret_count
+        elif isinstance(result, himitsu.NotModified):
             data_changed, count = False, ctx.status.secret_count
             # What the rollout record is compared with.
             rollout.note_held(mem, target, self._salt(ctx, spec, mem, target))
-            if not quiet:  # a poll; a quiet wake asked nothing
+            if held_answer is None:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
         else:
             rendered = self._render(spec, result.secrets)
@@ -196,7 +199,8 @@ class HimitsuSecretReconciler:
             answered=answered, late=schedule.lag(polled, mem.answered, mem.interval)
             if timed else 0.0, interval=mem.interval)
         mem.failures, mem.answered = 0, answered
-        self._schedule(spec, mem, result.jitter, polled=polled, retry=retry, quiet=quiet)
+        self._schedule(spec, mem, result.jitter, polled=polled, retry=retry,
+                       quiet=held_answer is not None)
         return wakes.until_due(mem, now=self._clock())
 
     def _schedule(self, spec: api.Spec, mem: Memory, jitter: float | None, *, polled: float,
@@ -492,6 +496,32 @@ class HimitsuSecretReconciler:
         with self._lock:
             memory = dict(self._memory)
         return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)
+
+    def _held_answer(
+        self, ctx: Context, spec: api.Spec, mem: Memory, target: dict[str, Any] | None,
+        now: float, *, consistent: bool,
+    ) -> tuple[himitsu.NotModified, tuple[dict[str, Any], dict[str, str]] | None] | None:
+        """For a wake that needs no news (``_quiet``) with the target's data intact: the
+        answer it holds, and, when stamps are to be put back (a template label edited,
+        one pruned), the whole target and our data in it, to write without Himitsu.
+        None: Himitsu is to be asked."""
+        version, since = ctx.status.config_version, self._quiet(ctx, spec, mem, now)
+        if version is None or since is None:
+            return None
+        answer = himitsu.NotModified(version=version, age=now - since)
+        if consistent:
+            return answer, None
+        if ctx.status.observed_generation == ctx.generation or spec.rollout.targets:
+            # Stamps gone from the target (an edit: a full sync), or a rollout salt to keep.
+            return None
+        whole = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
+        if whole is None or resource_version(whole) != resource_version(target):
+            return None  # changed since the cache showed it: a sync decides on it afresh
+        data = whole.get("data") or {}
+        ours = {k: str(data[k]) for k in targets.our_previous_keys(
+            whole, policy=spec.target.creation_policy) if k in data}
+        recorded = targets.annotations_of(whole).get(api.ANN_DATA_HASH)
+        return (answer, (whole, ours)) if recorded == render.data_hash(ours) else None
 
     @staticmethod
     def _quiet(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> float | None:

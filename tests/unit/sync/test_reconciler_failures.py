@@ -285,11 +285,30 @@ def test_a_repair_before_the_poll_takes_only_an_answer_seconds_old(world: World)
     assert world.fetcher.max_ages[-1] == pytest.approx(30.0)
 
 
-def test_a_spec_edit_keeping_the_source_takes_an_answer_as_recent_as_the_one_held(
+def test_a_spec_edit_keeping_the_source_rewrites_the_target_from_its_own_data(
     world: World,
 ) -> None:
     # A Helm upgrade touching every HimitsuSecret (here a template label) leaves the data
-    # where it was: rewriting it from the poller's copy asks Himitsu nothing per object.
+    # where it was: the stamps are put back around the data the target holds (its
+    # data-hash vouches for it), asking Himitsu nothing, even with nothing in memory.
+    world.sync(5)
+    data = world.data()
+    world.clock.advance(40)
+    world.restart()
+    world.reconcile()  # the new process's first look: nothing due
+    world.edit_target_spec(template={"labels": {"team": "a"}})
+    world.reconcile()
+    assert len(world.fetcher.calls) == 1
+    assert world.target()["metadata"]["labels"]["team"] == "a"
+    assert world.data() == data and world.status()["observedGeneration"] == 2
+
+
+def test_a_spec_edit_keeping_the_source_takes_an_answer_as_recent_as_the_one_held(
+    world: World,
+) -> None:
+    # With workloads to restart, the rollout salt is kept by a write from the poller's
+    # copy: an answer as recent as the one held, asking Himitsu nothing per object.
+    world.edit_spec(rolloutRestartTargets=[{"kind": "Deployment", "name": "web"}])
     world.sync(5)
     world.clock.advance(40)
     world.edit_target_spec(template={"labels": {"team": "a"}})
