@@ -11,8 +11,9 @@ data, not merely a 304. Throughout the fault:
 * the HimitsuSecret reports Ready=False FetchFailure with a message that says what went
   wrong in our own words (status, deadline), never a byte of the body;
 * the stand-in sees at most the requests the backoff schedule allows: the reconciler's
-  1 s doubling, capped at the refresh interval, times the client's own bounded retries
-  (3 attempts per fetch), and at least two (the operator keeps trying).
+  1 s doubling, capped at the refresh interval, one request per attempt (the client
+  retries nothing on its own: one layer owns the retries), and at least two (the
+  operator keeps trying).
 
 After the fault: Ready with the new data within one refresh interval plus slack.
 A 429 is different: Retry-After is a promise to keep, so no request for that source may
@@ -40,10 +41,11 @@ REFRESH = "5s"
 REFRESH_SECONDS = 5.0
 FAULT_SECONDS = env_seconds("FAULTS_HIMITSU_SECONDS", 12.0)
 RETRY_AFTER = int(env_seconds("FAULTS_RETRY_AFTER", 6))
-# The Himitsu client's overall deadline per fetch, and its attempts per fetch (1 + 2
-# retries on 5xx and transport errors): HimitsuClient's defaults, which the operator uses.
+# The Himitsu client's overall deadline per fetch, and its attempts per fetch (no retry
+# of its own: the reconcile's backoff owns them): HimitsuClient's defaults, which the
+# operator uses.
 CLIENT_DEADLINE = 30.0
-ATTEMPTS_PER_FETCH = 3
+ATTEMPTS_PER_FETCH = 1
 SLACK = 10.0
 
 
@@ -62,8 +64,8 @@ QUICK = (
     Fault("garbage", {"kind": "garbage", "status": 502}, ("502",), ("<html", "<h1>")),
     Fault("wrong shape", {"kind": "wrong_shape"}, ("200",), ("NOT", "A_MAP")),
 )
-# Count-limited: exactly the requests of one fetch. The first delay trips the read
-# timeout, the retry runs into the deadline; the trickled 200 runs into the deadline.
+# Count-limited. Each delayed request trips the read timeout (one fetch each, the second
+# the reconcile's retry); the trickled 200 runs into the deadline.
 SLOW = (
     Fault("timeout", {"kind": "delay", "seconds": CLIENT_DEADLINE + 10, "count": 2},
           ("deadline", "timed out")),

@@ -49,6 +49,7 @@ from model_checks import CHECKS, Oracle
 from model_himitsu import WINDOW
 from model_kube import DEPLOY, FAULTS, HSEC, SECRET
 from model_merge import MERGE_CHECKS, MergeRules
+from model_quiet import SPAN
 from model_rollout import spec_fields, workload
 from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
 
@@ -85,6 +86,8 @@ SPEC_EDIT = st.one_of(
 # Edits a user (or a GitOps tool) makes to a target. The first ones make it disagree with
 # what the operator wrote, so the next sync must be a full one ("fresh").
 DATA_EDITS = ("delete", "value", "remove_key", "add_key", "version_annotation")
+QUIET_WAKE = st.sampled_from(["annotate_target", "merge_foreign_key", "spec_interval",
+                              "spec_template", "token_secret"])
 TARGET_EDIT = st.sampled_from([*DATA_EDITS, "prune_label", "drop_owner_ref",
                                "drop_template_label", "annotate"])
 
@@ -269,6 +272,57 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
             "type": kind, "data": {"foreign-key": b64("helm's")}})
         self.oracle.touched()
         self.world.run_until(self.world.clock.t)
+
+    @rule(slot=slots, how=QUIET_WAKE, n=st.integers(0, 3))
+    def wake_not_due(self, slot: int, how: str, n: int) -> None:
+        """Wakes that need no news (``idle``): a foreign annotation on the target, a
+        foreign key in a Merge target, a spec edit keeping the source, a token Secret
+        edited without changing its token (no wake at all: it is not watched)."""
+        server, key = self.world.server, f"{NS}/h{slot}"
+        obj, secret = server.get(HSEC, NS, f"h{slot}"), server.get(SECRET, NS, f"t{slot}")
+        if obj is None or secret is None:
+            return
+        spec = api.parse_spec(obj)
+        woken = [key]
+        quiet = self.oracle.idle.quiet_now(key, self.oracle.sync_problem(obj))
+        if how == "annotate_target":
+            secret["metadata"].setdefault("annotations", {})[f"example.com/note-{n}"] = "x"
+            server.update(SECRET, NS, f"t{slot}", secret)
+        elif how == "merge_foreign_key" and spec.target.creation_policy == "Merge":
+            secret.setdefault("data", {})[f"foreign-{n}"] = b64("someone else's")
+            server.update(SECRET, NS, f"t{slot}", secret)
+        elif how == "spec_interval":
+            last = api.parse_time((obj.get("status") or {}).get("lastSyncTime"))
+            new = "1h" if spec.refresh_interval <= 0 else "0"
+            quiet = quiet and (new == "0" or (last is not None and last.timestamp() + 3240
+                                              > self.world.clock.epoch() + SPAN + 1))
+            obj["spec"]["refreshInterval"] = new
+            server.update(HSEC, NS, f"h{slot}", obj)
+        elif how == "spec_template":
+            # Stamps to put back around the data held; a rollout salt to keep takes the
+            # poller's copy, which a new process does not hold yet (one request a source).
+            quiet = quiet and not spec.rollout.targets
+            obj["spec"]["target"].setdefault("template", {})["annotations"] = {
+                "example.com/note": f"v{n}"}
+            server.update(HSEC, NS, f"h{slot}", obj)
+        elif how == "token_secret":
+            token = server.get(SECRET, NS, spec.auth_secret_name)
+            if token is None:
+                return
+            token["metadata"].setdefault("annotations", {})["example.com/rotated-by"] = f"{n}"
+            server.update(SECRET, NS, spec.auth_secret_name, token)
+            woken = [f"{NS}/{o['metadata']['name']}" for o in server.objects_of(HSEC)
+                     if api.parse_spec(o).auth_secret_name == spec.auth_secret_name]
+        else:
+            return
+        for other in woken:
+            other_obj = server.get(HSEC, NS, other.partition("/")[2])
+            if (other == key and quiet) or (other != key and other_obj is not None and
+                    self.oracle.idle.quiet_now(other, self.oracle.sync_problem(other_obj))):
+                self.oracle.idle.watch(other)
+        self.oracle.touched()
+        self.world.run_until(self.world.clock.t + SPAN)
+        self.oracle.idle.close()
 
     # -- failures ---------------------------------------------------------------------
 

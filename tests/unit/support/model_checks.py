@@ -21,7 +21,9 @@ step: an assertion raised inside a reconcile would only be logged by the control
   poll's); while Himitsu refuses (429, 5xx, a budget run short) what is written from
   memory is excused and the action stays pending for the next answer;
 * ``quiet``: after a restart with every target of a source in sync, no full fetch (200)
-  of that source until something changes.
+  of that source until something changes;
+* ``idle``: a wake that is not due costs no Himitsu request and no status write that
+  changes nothing (model_quiet.py).
 
 Checked between steps: ``wake`` (every HimitsuSecret with refreshInterval > 0 that the
 process knows has a wake in its queue no further ahead than the interval, or the
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from model_himitsu import WINDOW, Request
 from model_kube import DEPLOY, HSEC, SECRET, Change, secret_errors
 from model_merge import MergeOracle
+from model_quiet import IdleOracle
 from model_rollout import RolloutOracle
 
 from himitsu_controller import api
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
     from model_world import World
 
 CHECKS = frozenset({"foreign", "rendered", "removal", "fresh", "quiet", "wake", "settled",
-                    "restart"})
+                    "restart", "idle"})
 FRESH = 5.0  # seconds: how old an answer a first sync or a repair may start from
 WAKE_SLACK = 1.0  # seconds: local pacing may hold a poll back this much
 NS = "apps"
@@ -124,6 +127,7 @@ class Oracle:
         self._deleted: list[str] = []
         self.rollout = RolloutOracle(world, self.violation)  # ``restart``: model_rollout.py
         self.merge = MergeOracle(world, self.violation)  # Merge and metadata: model_merge.py
+        self.idle = IdleOracle(world, self.violation)  # ``idle``: model_quiet.py
 
     def violation(self, message: str) -> None:
         """Record a broken invariant; ``message`` starts with the check's name."""
@@ -190,6 +194,7 @@ class Oracle:
         self._deleted = []
 
     def answered(self, request: Request) -> None:
+        self.idle.answered(request)
         version = self.quiet.get((request.env, request.token))
         if request.status == 200 and version is not None and \
                 self.world.himitsu.version(request.env) == version:
@@ -201,6 +206,7 @@ class Oracle:
                      body: Mapping[str, Any] | None) -> None:
         if resource == SECRET:
             self.merge.before_write(method, name, body)
+        self.idle.before_write(method, resource, name)
         if resource != SECRET or method not in ("PUT", "DELETE"):
             return
         prior = self.world.server.get(SECRET, namespace, name)
@@ -238,6 +244,7 @@ class Oracle:
 
     def after_write(self, method: str, resource: str, namespace: str, name: str,
                     stored: dict[str, Any] | None) -> None:
+        self.idle.after_write(method, resource, name, stored)
         key, spec = self._current()
         if resource == SECRET:
             self.merge.after_write(method, name, stored)
