@@ -9,7 +9,8 @@ copy of a HimitsuSecret lags behind our own patch; reading the stale copy would 
 next reconcile think the target disagrees with status and force a needless full fetch.
 It is kept as one flat tuple per object (``_pack``: the uid, the six status fields and
 the Ready condition's five), not as a copy of the status dict: a status with anything
-else in it (a field or condition another writer added) is kept as it is.
+else in it is kept as it is. The schema admits no field but ours; a condition of another
+type is another writer's: every write keeps those the informer last showed.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class StatusWriter:
             message += (f"{LATE_NOTE}{api.format_duration(late)} later than "
                         f"refreshInterval {api.format_duration(interval)} allows")
         was_ready = _ready_status(previous) == "True"
-        status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
+        status["conditions"] = _with_ready(
+            previous, self._ready("True", "Synced", message, previous, generation))
         self._write_if_changed(key, obj, status, previous)
         if data_changed:
             self._event(obj, "Normal", "Synced", (
@@ -94,7 +96,8 @@ class StatusWriter:
                    f"{api.format_duration(interval)} old (Himitsu request pacing holds "
                    "polls back)")
         status = dict(previous)
-        status["conditions"] = [self._ready("True", "Synced", message, previous, generation)]
+        status["conditions"] = _with_ready(
+            previous, self._ready("True", "Synced", message, previous, generation))
         self._write_if_changed(key, obj, status, previous)
 
     def failed(
@@ -106,7 +109,8 @@ class StatusWriter:
         previous = self._current(key, obj)
         status = dict(previous)
         message = bounded(message)
-        status["conditions"] = [self._ready("False", reason, message, previous, generation)]
+        status["conditions"] = _with_ready(
+            previous, self._ready("False", reason, message, previous, generation))
         transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
         try:
             # Nothing to write (the same failure again, or after a restart): still in the gauge.
@@ -152,10 +156,20 @@ class StatusWriter:
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         with self._lock:
             remembered = self._written.get(key)
-        if remembered is not None and remembered[0] == uid:
-            return _unpack(remembered)
         raw = obj.get("status")
-        return _copy_status(raw) if isinstance(raw, Mapping) else {}
+        if remembered is None or remembered[0] != uid:
+            return _copy_status(raw) if isinstance(raw, Mapping) else {}
+        status = _unpack(remembered)
+        # Conditions another writer keeps (the schema admits no other field): as the
+        # informer last saw them, not as they were when we last wrote.
+        seen = raw.get("conditions") if isinstance(raw, Mapping) else None
+        others = [dict(c) for c in seen if isinstance(c, Mapping) and c.get("type") != "Ready"] \
+            if isinstance(seen, list) else []
+        ours = [c for c in status.get("conditions") or []
+                if isinstance(c, Mapping) and c.get("type") == "Ready"]
+        if others or len(ours) != len(status.get("conditions") or []):
+            status["conditions"] = ours + others
+        return status
 
     def _ready(
         self, state: str, reason: str, message: str, previous: Mapping[str, Any], generation: int,
@@ -246,6 +260,15 @@ def _copy_status(raw: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(conditions, list):
         status["conditions"] = [dict(c) if isinstance(c, Mapping) else c for c in conditions]
     return status
+
+
+def _with_ready(previous: Mapping[str, Any], ready: dict[str, Any]) -> list[Any]:
+    """``previous``'s conditions with Ready (in its place, else first) as ``ready``: the
+    conditions another writer added are theirs to keep."""
+    conditions = [c for c in previous.get("conditions") or [] if isinstance(c, Mapping)]
+    at = next((i for i, c in enumerate(conditions) if c.get("type") == "Ready"), 0)
+    others = [dict(c) for c in conditions if c.get("type") != "Ready"]
+    return [*others[:at], ready, *others[at:]]
 
 
 def _holds(target: str, secret_count: int, version: int) -> str:

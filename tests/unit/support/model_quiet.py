@@ -49,8 +49,8 @@ class IdleOracle:
         if world.oracle.triggers.get(key) or world.clock.t < world.himitsu.horizon:
             return False
         status = obj.get("status") or {}
-        ready = next((c for c in status.get("conditions") or []
-                      if c.get("type") == "Ready"), {})
+        ready: dict[str, Any] = next((c for c in status.get("conditions") or []
+                                      if c.get("type") == "Ready"), {})
         if (ready.get("status"), ready.get("reason")) != ("True", "Synced") or \
                 status.get("observedGeneration") != obj["metadata"].get("generation") or \
                 status.get("lastForceSync") != api.force_sync_value(obj):

@@ -258,3 +258,27 @@ def test_status_round_trips_through_parse_status(writer: StatusWriter, kube: Fak
     synced(writer, kube, force="f")
     parsed = api.parse_status(obj(kube))
     assert parsed == writer.effective(KEY, obj(kube))
+
+
+# -- what the status patch leaves alone (issue 21, items 3 and 7) ---------------------------
+
+
+def test_a_condition_another_writer_added_after_our_write_is_kept(
+        writer: StatusWriter, kube: FakeKube) -> None:
+    synced(writer, kube)
+    theirs = {"type": "Compliant", "status": "True", "reason": "PolicyPassed",
+              "lastTransitionTime": "2024-05-06T07:00:00Z"}
+    kube.himitsu_secrets[("apps", "app-config")]["status"]["conditions"].append(theirs)
+    failed(writer, kube)  # a transition: Ready changes, theirs stays
+    conditions = kube.status("apps", "app-config")["conditions"]
+    assert [c["type"] for c in conditions] == ["Ready", "Compliant"]
+    assert conditions[1] == theirs and conditions[0]["reason"] == "FetchFailure"
+
+
+def test_a_status_that_would_not_change_is_not_written_yet_reported(
+        writer: StatusWriter, kube: FakeKube) -> None:
+    synced(writer, kube, changed=False)
+    patches = len(kube.status_patches)
+    synced(writer, kube, changed=False)  # the same answer again (a wake that was not due)
+    assert len(kube.status_patches) == patches
+    assert gauge() == 1.0
