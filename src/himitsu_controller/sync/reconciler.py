@@ -158,7 +158,8 @@ class HimitsuSecretReconciler:
         floor = ctx.status.config_version if held else None
         # A wake before the poll is due, with the target holding our data (a foreign
         # annotation or Merge key, a spec edit keeping the source): no news is needed.
-        held_answer = self._held_answer(ctx, spec, mem, target, began, consistent=consistent) \
+        held_answer = wakes.held_answer(self._kube, ctx, spec, mem, target, now=began,
+                                        consistent=consistent) \
             if intact and not (forced or moved) else None
         result, retry = (held_answer[0], None) if held_answer is not None else self._fetch(
             ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
@@ -496,53 +497,6 @@ class HimitsuSecretReconciler:
         with self._lock:
             memory = dict(self._memory)
         return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)
-
-    def _held_answer(
-        self, ctx: Context, spec: api.Spec, mem: Memory, target: dict[str, Any] | None,
-        now: float, *, consistent: bool,
-    ) -> tuple[himitsu.NotModified, tuple[dict[str, Any], dict[str, str]] | None] | None:
-        """For a wake that needs no news (``_quiet``) with the target's data intact: the
-        answer it holds, and, when stamps are to be put back (a template label edited,
-        one pruned), the whole target and our data in it, to write without Himitsu.
-        None: Himitsu is to be asked."""
-        version, since = ctx.status.config_version, self._quiet(ctx, spec, mem, now)
-        if version is None or since is None:
-            return None
-        answer = himitsu.NotModified(version=version, age=now - since)
-        if consistent:
-            return answer, None
-        if ctx.status.observed_generation == ctx.generation or spec.rollout.targets:
-            # Stamps gone from the target (an edit: a full sync), or a rollout salt to keep.
-            return None
-        whole = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
-        if whole is None or resource_version(whole) != resource_version(target):
-            return None  # changed since the cache showed it: a sync decides on it afresh
-        data = whole.get("data") or {}
-        ours = {k: str(data[k]) for k in targets.our_previous_keys(
-            whole, policy=spec.target.creation_policy) if k in data}
-        recorded = targets.annotations_of(whole).get(api.ANN_DATA_HASH)
-        return (answer, (whole, ours)) if recorded == render.data_hash(ours) else None
-
-    @staticmethod
-    def _quiet(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> float | None:
-        """When Himitsu gave the answer the target holds (this process's, else status's),
-        if nothing asks this reconcile for news: Ready (a failure is retried), no
-        revalidation pending, no poll due (refreshInterval 0: none ever is). Else None."""
-        ready = ctx.status.ready
-        last = api.parse_time(ctx.status.last_sync_time)
-        answered = mem.answered if mem.answered is not None else \
-            last.timestamp() if last is not None else None
-        if (ready is None or ready.status != "True" or answered is None or mem.failures
-                or mem.revalidate is not None):
-            return None
-        interval = spec.refresh_interval
-        if interval <= 0:
-            return answered
-        # Not scheduled in this process, or under another refreshInterval: due by this
-        # one (as early as its jitter allows).
-        due = mem.due if mem.due is not None and interval == mem.interval else \
-            schedule.next_due(interval, answered=answered, fraction=1.0)
-        return answered if due is not None and not schedule.is_due(now, due) else None
 
     def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
         if mem.revalidate is not None:  # only an answer asked for since (see ``_sync``)

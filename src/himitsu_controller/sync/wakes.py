@@ -7,6 +7,8 @@ left it, ``defer_after_restart`` lets a healthy object wait for its next poll af
 restart (without it every restart would poll every object at once), and ``until_due``
 turns the next due time into the controller's Result, never later than refreshInterval
 and never "done" for an object that still has polls to make (only refreshInterval 0 is).
+``held_answer`` lets any other wake that is not due (a foreign annotation or Merge key,
+a spec edit keeping the source) go on without asking Himitsu anything.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from himitsu_controller import api, metrics
+from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
 from himitsu_controller.sync.context import Context
 from himitsu_controller.sync.memory import Memory, resource_version
 from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube
-from himitsu_controller.sync.target import targets
+from himitsu_controller.sync.target import render, targets
 
-__all__ = ["defer_after_restart", "in_step", "note_cache", "until_due", "woken_idle"]
+__all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "note_cache",
+           "until_due", "woken_idle"]
 
 
 def in_step(ctx: Context) -> bool:
@@ -95,6 +98,55 @@ def woken_idle(
     ):
         return None
     return until_due(mem, now=now)
+
+
+def held_answer(
+    kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, target: Mapping[str, Any] | None,
+    *, now: float, consistent: bool,
+) -> tuple[himitsu.NotModified, tuple[dict[str, Any], dict[str, str]] | None] | None:
+    """For a wake that needs no news (``not_due_since``) with the target's data intact:
+    the answer it holds, and, when a spec edit left stamps to put back (a template
+    label), the whole target and our data in it, to write without Himitsu. None: ask.
+
+    A stamp pruned from the target (an edit: a full sync) and a rollout salt to keep
+    (``sync.rollout``) go the poller's way."""
+    version, since = ctx.status.config_version, not_due_since(ctx, spec, mem, now)
+    if version is None or since is None:
+        return None
+    answer = himitsu.NotModified(version=version, age=now - since)
+    if consistent:
+        return answer, None
+    if ctx.status.observed_generation == ctx.generation or spec.rollout.targets:
+        return None
+    whole = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
+    if whole is None or resource_version(whole) != resource_version(target):
+        return None  # changed since the cache showed it: a sync decides on it afresh
+    data = whole.get("data") or {}
+    ours = {k: str(data[k]) for k in targets.our_previous_keys(
+        whole, policy=spec.target.creation_policy) if k in data}
+    recorded = targets.annotations_of(whole).get(api.ANN_DATA_HASH)
+    return (answer, (whole, ours)) if recorded == render.data_hash(ours) else None
+
+
+def not_due_since(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> float | None:
+    """When Himitsu gave the answer the target holds (this process's, else status's),
+    if nothing asks this wake for news: Ready (a failure is retried), no revalidation
+    pending, no poll due (refreshInterval 0: none ever is). Else None."""
+    ready = ctx.status.ready
+    last = api.parse_time(ctx.status.last_sync_time)
+    answered = mem.answered if mem.answered is not None else \
+        last.timestamp() if last is not None else None
+    if (ready is None or ready.status != "True" or answered is None or mem.failures
+            or mem.revalidate is not None):
+        return None
+    interval = spec.refresh_interval
+    if interval <= 0:
+        return answered
+    # Not scheduled in this process, or under another refreshInterval: due by this one
+    # (as early as its jitter allows).
+    due = mem.due if mem.due is not None and interval == mem.interval else \
+        schedule.next_due(interval, answered=answered, fraction=1.0)
+    return answered if due is not None and not schedule.is_due(now, due) else None
 
 
 def note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
