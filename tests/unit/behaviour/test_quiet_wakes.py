@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from fakes import b64
-from reconcile_world import KEY, NS, TARGET, TOKEN, World, values
+from reconcile_world import KEY, NS, TARGET, TOKEN, World, merge_world, values
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.sync.polling.polls import SharedPoller
@@ -70,9 +70,7 @@ def test_foreign_annotations_on_the_target_ask_himitsu_nothing(
 
 
 def test_a_foreign_key_written_into_a_merge_target_asks_himitsu_nothing() -> None:
-    world = World(refreshInterval="0", policy="Merge")
-    world.kube.put_secret({"metadata": {"namespace": NS, "name": TARGET},
-                           "data": {"HELM_KEY": b64("helm")}})
+    world = merge_world(refreshInterval="0")  # a Helm-owned Secret (that consents)
     client = CountingClient()
     world.fetcher = SharedPoller(client, clock=lambda: world.clock().timestamp())  # type: ignore[assignment]
     world.restart()
