@@ -123,7 +123,7 @@ def held_answer(
         return None  # changed since the cache showed it: a sync decides on it afresh
     data = whole.get("data") or {}
     ours = {k: str(data[k]) for k in targets.our_previous_keys(
-        whole, policy=spec.target.creation_policy) if k in data}
+        whole, owner=ctx.owner, policy=spec.target.creation_policy) if k in data}
     recorded = targets.annotations_of(whole).get(api.ANN_DATA_HASH)
     return (answer, (whole, ours)) if recorded == render.data_hash(ours) else None
 

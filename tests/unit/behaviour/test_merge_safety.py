@@ -186,7 +186,7 @@ def test_a_label_removed_from_an_owner_template_leaves_the_target() -> None:
     labels["by-hand"] = "yes"
     world.kube.edit_secret(NS, TARGET, metadata=meta(world) | {"labels": labels})
     world.edit_target_spec(template={"labels": {"team": "a"}})
-    world.sync(5)
+    world.reconcile()  # a spec edit keeping the source: the target's own data, no fetch
     got = meta(world)
     assert {k: v for k, v in got["labels"].items() if not api.is_reserved_key(k)} == {
         "team": "a", "by-hand": "yes"}
@@ -198,7 +198,7 @@ def test_a_merge_template_removes_only_what_it_applied() -> None:
                                                   "example.com/ours": "1"}})
     world.sync(5)
     world.edit_target_spec(template={})
-    world.sync(5)
+    world.reconcile()  # a spec edit keeping the source: the target's own data, no fetch
     ann = meta(world)["annotations"]
     assert ann["meta.helm.sh/release-name"] == "r"
     assert "example.com/ours" not in ann
