@@ -235,9 +235,18 @@ class Oracle:
         written = body or {}
         data, old = written.get("data") or {}, prior.get("data") or {}
         kept = all(data.get(k) == v for k, v in old.items() if k not in _managed_keys(prior))
-        meta_kept = all(_labels(written).get(k) == v for k, v in _labels(prior).items()) and all(
+        # What the target's record says this HimitsuSecret's template applied is its own
+        # to change or remove (issue 21 item 4), even on a target that lost our label.
+        mine = _annotations(prior).get(api.ANN_OWNED_BY) == key.partition("/")[2]
+
+        def applied(record: str) -> set[str]:
+            return {k for k in _annotations(prior).get(record, "").split(",") if k and mine}
+
+        meta_kept = all(_labels(written).get(k) == v for k, v in _labels(prior).items()
+                        if k not in applied(api.ANN_TEMPLATE_LABELS)) and all(
             _annotations(written).get(k) == v for k, v in _annotations(prior).items()
-            if not k.startswith(f"{api.GROUP}/"))
+            if not k.startswith(f"{api.GROUP}/")
+            and k not in applied(api.ANN_TEMPLATE_ANNOTATIONS))
         if not (kept and meta_kept):
             self.violation(f"foreign: reconcile of {key} changed foreign keys or metadata of "
                            f"Merge target {name!r}")
