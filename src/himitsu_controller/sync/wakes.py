@@ -89,7 +89,10 @@ def woken_idle(
     """
     if mem.target_rv is None or mem.failures or not in_step(ctx):
         return None
-    if spec.refresh_interval > 0 and (mem.due is None or schedule.is_due(now, mem.due)):
+    # A due poll, or with refreshInterval 0 a due revalidation (an answer from memory
+    # written while Himitsu refused), goes on to sync.
+    if (mem.due is None and spec.refresh_interval > 0) or (
+            mem.due is not None and schedule.is_due(now, mem.due)):
         return None
     target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
     note_cache(mem, target)

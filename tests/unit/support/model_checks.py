@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 CHECKS = frozenset({"foreign", "rendered", "removal", "fresh", "quiet", "wake", "settled",
                     "restart", "idle"})
 FRESH = 5.0  # seconds: how old an answer a first sync or a repair may start from
+FAILURE_HOLD = 1.0  # seconds a source whose request got a 5xx is not asked again
 WAKE_SLACK = 1.0  # seconds: local pacing may hold a poll back this much
 NS = "apps"
 
@@ -323,7 +324,10 @@ class Oracle:
         if not answers:
             return False
         last = answers[-1]
-        return (last.at >= since and now - last.at <= WINDOW
+        # A 5xx holds the source for a second (polls.FAILURE_HOLD, the poller rule): one
+        # answered just before the action refuses it too.
+        held = FAILURE_HOLD if last.status >= 500 else 0.0
+        return (last.at >= since - held and now - last.at <= WINDOW
                 and (last.status == 429 or last.status >= 500))
 
     # -- the states a quiet period must end in ---------------------------------------------
