@@ -197,3 +197,26 @@ def test_a_replaced_token_is_sent_within_seconds_however_long_it_was_refused() -
     assert world.fetcher.calls[-1].token == new
     assert elapsed - replace_at <= 10, elapsed - replace_at
     assert world.ready()["reason"] == "Synced"
+
+
+def test_a_repair_written_from_memory_while_himitsu_fails_is_revalidated_at_interval_0(
+) -> None:
+    """The one wake refreshInterval 0 still owes Himitsu: the revalidation of an answer
+    written from memory while Himitsu refused (it must not be sent back to sleep)."""
+    world, client = polled_world("0")
+    world.clock.advance(30)
+    failing = client.fetch
+
+    def refuse(**kwargs: Any) -> himitsu.FetchResult:
+        client.requests.append(kwargs["known_version"])
+        raise himitsu.ServerError("Himitsu API answered 500", status=500)
+
+    client.fetch = refuse  # type: ignore[method-assign]
+    del world.kube.secrets[(NS, TARGET)]  # deleted: a repair, Himitsu failing
+    result = world.reconciler.reconcile(KEY)
+    assert world.target() and len(client.requests) == 2  # rebuilt from memory
+    client.fetch = failing  # type: ignore[method-assign]
+    assert result.requeue_after is not None
+    world.clock.advance(result.requeue_after)
+    wake(world)
+    assert len(client.requests) == 3  # asked again once Himitsu may be asked
