@@ -2,10 +2,10 @@
 
 As controller-runtime's ``filters.WithAuthenticationAndAuthorization``: the bearer token
 goes to a TokenReview (401 unless the apiserver authenticates it), its user to a
-SubjectAccessReview for the request's path and verb as a nonResourceURL (403 unless
-allowed); a review that fails is a 500. The review is for ``get /metrics``, the one
-thing served (any other path is a 404 after it), so its answer is cached briefly per token
-hash, one entry a token (a token is never kept, logged or quoted). The certificate is read
+SubjectAccessReview for ``get`` on the nonResourceURL ``/metrics`` (403 unless allowed),
+whatever path was asked: it is the one thing served (any other path is a 404 after it),
+so the answer is cached briefly per token hash, one entry a token; a review that fails is
+a 500 (a token is never kept, logged or quoted). The certificate is read
 from a directory (a Secret, cert-manager) into a fresh context when its files change, so a
 renewal needs no restart and a half-written one leaves the served context alone.
 """
