@@ -31,7 +31,9 @@
 # with `docker buildx imagetools inspect python:3.11-slim-bookworm`); `make docker-build
 # OFFLINE=1` builds a local one from Debian packages instead (hack/image/python-base.sh).
 # SOURCE_DATE_EPOCH (build.sh: the commit's time) makes pip, compileall and the SBOM
-# reproducible: hash-based .pyc files, no build time recorded.
+# reproducible (hash-based .pyc files, no build time recorded), and is the mtime of every
+# file the build wrote (clamped with touch; directories the last RUN empties of programs
+# keep the build's time) and, with buildah (--timestamp), the image's creation time.
 # The optional build secret `ca-bundle` is a CA bundle for pip (a TLS-intercepting proxy);
 # a secret mount lends it to one RUN without ever making it part of a layer.
 
@@ -63,8 +65,18 @@ COPY README.md ./
 COPY src/ src/
 # The wheel is built with the locked setuptools (no build isolation: nothing is fetched)
 # and installed with --no-deps; pip compiles the .pyc files now, not at run time.
+# Then the SBOM's root component gets the version just built (pyproject's is dynamic, so
+# cyclonedx-py could not know it), and every file the build wrote the time of the commit.
 RUN /opt/tools/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheel . \
- && /opt/tools/bin/pip --python /opt/venv/bin/python install --no-deps /tmp/wheel/*.whl
+ && /opt/tools/bin/pip --python /opt/venv/bin/python install --no-deps /tmp/wheel/*.whl \
+ && /opt/venv/bin/python -c 'import importlib.metadata as m, json, sys; \
+p = sys.argv[1]; sbom = json.load(open(p)); \
+sbom["metadata"]["component"]["version"] = m.version("himitsu-controller"); \
+open(p, "w").write(json.dumps(sbom, indent=2) + "\n")' \
+      /opt/venv/share/doc/himitsu-controller/sbom.cdx.json \
+ && if [ -n "${SOURCE_DATE_EPOCH:-}" ]; then \
+      find /opt/venv -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    fi
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG SOURCE_DATE_EPOCH
@@ -90,6 +102,11 @@ RUN set -eu; \
     find "$stdlib" -depth -type d \( -name test -o -name tests -o -name idle_test \) \
       -exec rm -rf {} +; \
     python3 -m compileall -q -j0 "$stdlib"; \
+    if [ -n "${SOURCE_DATE_EPOCH:-}" ]; then \
+      find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run/secrets \
+        -o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf \) -prune \
+        -o -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +; \
+    fi; \
     find /usr/bin /usr/sbin /usr/local/bin /usr/local/sbin -mindepth 1 \
       ! -samefile "$python" ! \( -type l -name 'python*' ! -name '*-config' \) -delete
 COPY --from=builder /opt/venv /opt/venv

@@ -121,7 +121,8 @@ case "$builder" in
     log "builder: buildah $(buildah --version | awk '{print $3}'), base $from"
     # --layers: reuse unchanged steps on the next build; --network host: the chroot
     # isolation has no network namespace of its own to set up.
-    buildah bud --layers --network host --isolation chroot \
+    # --timestamp: the image's creation time and its files' mtimes are SOURCE_DATE_EPOCH.
+    buildah bud --layers --network host --isolation chroot --timestamp "$source_date" \
       --build-arg "PYTHON_IMAGE=$from" "${args[@]}" "$repo"
     if [[ -n "$docker_cli" ]]; then
       buildah push --quiet "$img" "docker-daemon:$img"

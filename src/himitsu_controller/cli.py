@@ -358,8 +358,7 @@ def _metrics_secure(args: argparse.Namespace, config: ClientConfig) -> SecureSer
                           f"and tls.key ({exc.strerror or type(exc).__name__})") from None
     reviews = RestClient(new_api_client(config, pool_maxsize=4, retries=0), max_retries=0,
                          user_agent=f"himitsu-controller/{__version__} metrics-auth")
-    return SecureServing(tls=cert.context, refresh=cert.refresh,
-                         authorize=ScrapeAuthorizer(reviews).authorize)
+    return SecureServing(tls=cert.current, authorize=ScrapeAuthorizer(reviews).authorize)
 
 
 def elector_client(config: ClientConfig) -> RestClient:

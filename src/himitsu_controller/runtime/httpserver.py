@@ -2,24 +2,26 @@
 
 Why our own instead of ``prometheus_client.start_http_server``: we need the bound port
 back (tests bind port 0), a clean ``stop()``, named threads, controller-runtime's
-bind-address syntax (":8080", "0" disables), and limits: each server holds at most
-``max_connections`` connections (one thread each; more are answered 503 and closed at
-once), and every connection is cut ``request_timeout`` after it was accepted, however
-slowly its peer sends or reads. Each server has its own cap, so a flood of half-sent
-requests to /metrics never keeps the kubelet's probes from being answered.
+bind-address syntax (":8080", "0" disables), and limits: a request's line and headers
+hold at most MAX_HEAD_BYTES (more is answered 431 unread); each server holds at most
+``max_connections`` connections (one thread each), a new one taking the slot of the
+oldest still waiting for its request (refused only when every slot is serving one); and
+every connection is cut ``request_timeout`` after it was accepted. So a flood of silent
+or half-sent connections never keeps a complete request, the kubelet's probe, unanswered.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import io
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -27,6 +29,9 @@ log = structlog.get_logger(__name__)
 
 MAX_CONNECTIONS = 16
 REQUEST_TIMEOUT = 10.0
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers; Go's servers allow 1 MiB
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+              b"Connection: close\r\n\r\n")
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
          b"Connection: close\r\nRetry-After: 1\r\n\r\n")
 
@@ -58,39 +63,72 @@ def parse_bind_address(addr: str) -> tuple[str, int] | None:
 class _Connection:
     sock: socket.socket
     deadline: float
+    request_read: bool = False  # its request head is in: being served, never evicted
+    evicted: bool = False  # its slot was given to a newer connection
 
 
 class Connections:
-    """The open connections of one server: counted, capped, and cut at their deadline."""
+    """The open connections of one server: capped, evicted when idle, cut at their deadline.
+
+    A full server gives the slot of its oldest connection still waiting for a request (a
+    slow or silent peer, a TLS handshake) to a new one; only when every slot is serving a
+    request is a new connection refused."""
 
     def __init__(self, limit: int, timeout: float, clock: Callable[[], float]) -> None:
         self.limit = limit
         self.timeout = timeout
         self._clock = clock
-        self._open: set[_Connection] = set()
-        self.refused = 0  # connections answered 503 because the cap was reached
+        self._open: dict[_Connection, None] = {}  # oldest first; evicted ones until they end
+        self.refused = 0  # connections closed at once: every slot was serving a request
+        self.evicted = 0  # connections closed to give their slot to a newer one
         self.cut = 0  # connections closed at their deadline
         self._changed = threading.Condition()
 
     @property
     def active(self) -> int:
+        """Connections holding a slot."""
+        with self._changed:
+            return sum(not c.evicted for c in self._open)
+
+    @property
+    def running(self) -> int:
+        """Connections with a thread, evicted ones included until their thread ends."""
         with self._changed:
             return len(self._open)
 
     def admit(self, sock: socket.socket) -> _Connection | None:
         with self._changed:
-            if len(self._open) >= self.limit:
-                self.refused += 1
-                self._changed.notify_all()
-                return None
+            holding = [c for c in self._open if not c.evicted]
+            if len(holding) >= self.limit:
+                waiting = [c for c in holding if not c.request_read]
+                if not waiting:
+                    self.refused += 1
+                    self._changed.notify_all()
+                    return None
+                victim = waiting[0]
+                victim.evicted = True
+                self.evicted += 1
+                _shutdown(victim.sock)  # under the lock: never a socket it just replaced
             conn = _Connection(sock, self._clock() + self.timeout)
-            self._open.add(conn)
+            self._open[conn] = None
             self._changed.notify_all()
             return conn
 
+    def replace_socket(self, conn: _Connection, sock: socket.socket) -> bool:
+        """``conn`` now speaks through ``sock`` (TLS); False if it was evicted meanwhile."""
+        with self._changed:
+            conn.sock = sock
+            return not conn.evicted
+
+    def request_read(self, conn: _Connection) -> bool:
+        """``conn`` has its request: it keeps its slot; False if it was evicted first."""
+        with self._changed:
+            conn.request_read = not conn.evicted
+            return conn.request_read
+
     def release(self, conn: _Connection) -> None:
         with self._changed:
-            self._open.discard(conn)
+            self._open.pop(conn, None)
             self._changed.notify_all()
 
     def cut_overdue(self) -> None:
@@ -99,16 +137,37 @@ class Connections:
         with self._changed:
             overdue = [c for c in self._open if c.deadline <= now]
             self.cut += len(overdue)
-        for conn in overdue:
-            # socket.socket's own shutdown: an SSLSocket's would drop its TLS state; an
-            # OSError: its thread closed it meanwhile.
-            with contextlib.suppress(OSError):
-                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+            for conn in overdue:
+                _shutdown(conn.sock)
 
     def wait_until(self, predicate: Callable[[Connections], bool], timeout: float) -> bool:
         """Wait (bounded) until ``predicate(self)`` holds; for tests and diagnostics."""
         with self._changed:
             return self._changed.wait_for(lambda: predicate(self), timeout)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    # socket.socket's own shutdown: an SSLSocket's would drop its TLS state; an OSError:
+    # its thread closed it meanwhile.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _HeadFirst:
+    """A connection as its handler sees it: reading gives the request head already read
+    (our servers answer one GET per connection, HTTP/1.0, so nothing follows it)."""
+
+    def __init__(self, sock: socket.socket, head: bytes) -> None:
+        self._sock = sock
+        self._head = head
+
+    def makefile(self, mode: str, buffering: int | None = None) -> io.BytesIO:
+        if mode != "rb":  # handlers write through sendall (StreamRequestHandler.wbufsize 0)
+            raise ValueError(f"a request's connection is read, not opened {mode!r}")
+        return io.BytesIO(self._head)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 class _Server(http.server.HTTPServer):
@@ -117,16 +176,16 @@ class _Server(http.server.HTTPServer):
     request_queue_size = 128
     thread_name = "http"
     connections: Connections
-    tls: ssl.SSLContext | None = None
-    tls_refresh: Callable[[], None] | None = None
+    tls: Callable[[], ssl.SSLContext] | None = None
 
     def process_request(self, request: Any, client_address: Any) -> None:
         conn = self.connections.admit(request)
         if conn is None:
-            # A fresh socket's send buffer takes this at once; never wait for it.
-            with contextlib.suppress(OSError):
-                request.setblocking(False)
-                request.send(_BUSY)
+            if self.tls is None:  # on the HTTPS port, no plaintext: the peer sees a close
+                # A fresh socket's send buffer takes this at once; never wait for it.
+                with contextlib.suppress(OSError):
+                    request.setblocking(False)
+                    request.send(_BUSY)
             self.shutdown_request(request)
             return
         try:
@@ -141,18 +200,24 @@ class _Server(http.server.HTTPServer):
         try:
             sock.settimeout(self.connections.timeout)
             if self.tls is not None:  # the handshake too runs here, under the deadline
-                if self.tls_refresh is not None:
-                    self.tls_refresh()
-                sock = conn.sock = self.tls.wrap_socket(sock, server_side=True)
-            self.finish_request(sock, client_address)
+                tls_sock = self.tls().wrap_socket(sock, server_side=True,
+                                                  do_handshake_on_connect=False)
+                sock = tls_sock
+                if not self.connections.replace_socket(conn, tls_sock):
+                    return
+                tls_sock.do_handshake()
+            head = _read_head(sock)
+            if head is not None and self.connections.request_read(conn):
+                self.finish_request(cast(socket.socket, _HeadFirst(sock, head)),
+                                    client_address)
         except (OSError, ValueError) as exc:  # a peer gone, cut, or failing its handshake
             log.debug("connection dropped", server=self.thread_name,
                       error_type=type(exc).__name__)
         except Exception:
             log.exception("request failed", server=self.thread_name)
         finally:
-            self.connections.release(conn)
             self.shutdown_request(sock)
+            self.connections.release(conn)
 
     def service_actions(self) -> None:
         # Called by serve_forever on every poll interval.
@@ -160,6 +225,23 @@ class _Server(http.server.HTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection error", server=self.thread_name)
+
+
+def _read_head(sock: socket.socket) -> bytes | None:
+    """The request line and headers (with what came after them), at most MAX_HEAD_BYTES;
+    None when the peer left first. A longer head is answered 431 unread."""
+    head = bytearray()
+    while True:
+        chunk = sock.recv(MAX_HEAD_BYTES + 1 - len(head))
+        if not chunk:
+            return None
+        start = max(0, len(head) - 3)
+        head += chunk
+        if head.find(b"\r\n\r\n", start) >= 0 or head.find(b"\n\n", start) >= 0:
+            return bytes(head)
+        if len(head) > MAX_HEAD_BYTES:
+            sock.sendall(_TOO_LARGE)
+            return None
 
 
 class _IPv6Server(_Server):
@@ -199,14 +281,13 @@ def serve(
     thread_name: str,
     max_connections: int = MAX_CONNECTIONS,
     request_timeout: float = REQUEST_TIMEOUT,
-    tls: ssl.SSLContext | None = None,
-    tls_refresh: Callable[[], None] | None = None,
+    tls: Callable[[], ssl.SSLContext] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> HTTPServerHandle | None:
     """Bind ``addr`` and serve ``handler`` on a named daemon thread; None when disabled.
 
-    ``tls``: serve HTTPS with this context (``tls_refresh`` runs before each handshake,
-    e.g. to load a renewed certificate)."""
+    ``tls``: serve HTTPS, each handshake with the context it returns then (a renewed
+    certificate's, say)."""
     parsed = parse_bind_address(addr)
     if parsed is None:
         return None
@@ -215,7 +296,7 @@ def serve(
     server = server_cls((host, port), handler)
     server.thread_name = thread_name
     server.connections = Connections(max_connections, request_timeout, clock)
-    server.tls, server.tls_refresh = tls, tls_refresh
+    server.tls = tls
     thread = threading.Thread(
         target=server.serve_forever,
         kwargs={"poll_interval": 0.05},

@@ -279,8 +279,7 @@ class _MetricsHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if self.secure is not None:  # before anything else, the 404 included
-            status, reason = self.secure.authorize(self.headers.get("Authorization"), path,
-                                                   "get")
+            status, reason = self.secure.authorize(self.headers.get("Authorization"))
             if status != 200:
                 self._reply(status, "text/plain; charset=utf-8", f"{reason}\n".encode())
                 return
@@ -309,5 +308,4 @@ def start_metrics_server(addr: str, *, secure: SecureServing | None = None,
     if secure is None:
         return serve(addr, _MetricsHandler, thread_name="metrics-server")
     handler = type("_SecureMetricsHandler", (_MetricsHandler,), {"secure": secure})
-    return serve(addr, handler, thread_name="metrics-server", tls=secure.tls,
-                 tls_refresh=secure.refresh)
+    return serve(addr, handler, thread_name="metrics-server", tls=secure.tls)

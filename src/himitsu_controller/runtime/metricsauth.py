@@ -2,10 +2,12 @@
 
 As controller-runtime's ``filters.WithAuthenticationAndAuthorization``: the bearer token
 goes to a TokenReview (401 unless the apiserver authenticates it), its user to a
-SubjectAccessReview for the request's path and verb as a nonResourceURL (403 unless
-allowed); a review that fails is a 500. Results are cached briefly per token hash (a
-token is never kept, logged or quoted). The certificate is read from a directory (a
-Secret, cert-manager) and read again when its files change, so a renewal needs no restart.
+SubjectAccessReview for ``get`` on the nonResourceURL ``/metrics`` (403 unless allowed),
+whatever path was asked: it is the one thing served (any other path is a 404 after it),
+so the answer is cached briefly per token hash, one entry a token; a review that fails is
+a 500 (a token is never kept, logged or quoted). The certificate is read
+from a directory (a Secret, cert-manager) into a fresh context when its files change, so a
+renewal needs no restart and a half-written one leaves the served context alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ALLOWED_TTL = 60.0  # a granted scrape is asked about again after this long
 DENIED_TTL = 10.0  # a refusal, so a token just granted the role works soon
 CACHE_ENTRIES = 1024
 REVIEW_TIMEOUT = 5.0
+METRICS_PATH = "/metrics"  # the nonResourceURL reviewed, whatever path was asked for
 
 
 class ReviewClient(Protocol):
@@ -41,26 +44,36 @@ class ReviewClient(Protocol):
 class SecureServing:
     """What ``start_metrics_server`` needs to serve HTTPS and check each scrape."""
 
-    tls: ssl.SSLContext
-    refresh: Callable[[], None]
-    authorize: Callable[[str | None, str, str], tuple[int, str]]
+    tls: Callable[[], ssl.SSLContext]  # the context for the next handshake
+    authorize: Callable[[str | None], tuple[int, str]]
 
 
 class ServingCert:
-    """``tls.crt`` and ``tls.key`` of ``cert_dir`` in a server context, reloaded on change."""
+    """``tls.crt`` and ``tls.key`` of ``cert_dir`` in a server ``context``, replaced by a
+    fresh one when the files change (never modified while handshakes use it)."""
 
     def __init__(self, cert_dir: str, *, cert_name: str = "tls.crt",
                  key_name: str = "tls.key") -> None:
         self.cert_file = os.path.join(cert_dir, cert_name)
         self.key_file = os.path.join(cert_dir, key_name)
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self._lock = threading.Lock()
-        self._loaded: tuple[float, float] | None = None
-        self.refresh()  # a missing or bad pair fails the start (OSError, ssl.SSLError)
+        # A missing or bad pair fails the start (OSError, ssl.SSLError).
+        self._loaded = self._stamp()
+        self.context = self._load()
 
     def _stamp(self) -> tuple[float, float]:
         return os.stat(self.cert_file).st_mtime, os.stat(self.key_file).st_mtime
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+    def current(self) -> ssl.SSLContext:
+        """The context to serve the next handshake with, the files read again if changed."""
+        self.refresh()
+        return self.context
 
     def refresh(self) -> None:
         """Load the pair again if either file changed; keep the old one if that fails."""
@@ -69,41 +82,39 @@ class ServingCert:
                 stamp = self._stamp()
                 if stamp == self._loaded:
                     return
-                self.context.load_cert_chain(self.cert_file, self.key_file)
+                self.context = self._load()
             except (OSError, ssl.SSLError) as exc:
-                if self._loaded is None:
-                    raise
                 log.warning("cannot reload the metrics certificate; serving the old one",
                             cert_file=self.cert_file, error_type=type(exc).__name__)
                 return
-            if self._loaded is not None:
-                log.info("metrics certificate reloaded", cert_file=self.cert_file)
             self._loaded = stamp
+            log.info("metrics certificate reloaded", cert_file=self.cert_file)
 
 
 class ScrapeAuthorizer:
-    """``authorize(authorization_header, path, verb) -> (status, reason)``, 200 to serve."""
+    """``authorize(authorization_header) -> (status, reason)``: 200 when the token's user
+    may ``get /metrics``."""
 
     def __init__(self, client: ReviewClient, *, clock: Callable[[], float] = time.monotonic,
                  allowed_ttl: float = ALLOWED_TTL, denied_ttl: float = DENIED_TTL) -> None:
         self._client = client
         self._clock = clock
         self._ttl = {True: allowed_ttl, False: denied_ttl}
-        self._cache: OrderedDict[tuple[str, str, str], tuple[float, int, str]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[float, int, str]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def authorize(self, authorization: str | None, path: str, verb: str) -> tuple[int, str]:
+    def authorize(self, authorization: str | None) -> tuple[int, str]:
         scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return 401, "Unauthorized: a bearer token is required"
-        key = (hashlib.sha256(token.encode()).hexdigest(), path, verb)
+        key = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None and cached[0] > now:
                 return cached[1], cached[2]
-        status, reason = self._review(token, path, verb)
+        status, reason = self._review(token, METRICS_PATH, "get")
         if status in (200, 401, 403):
             with self._lock:
                 self._cache[key] = (now + self._ttl[status == 200], status, reason)
