@@ -42,6 +42,10 @@ ANN_MANAGED_KEYS = "himitsu.io/managed-keys"
 # (deleted, created again by someone else); a uid never is, so records (managed-keys,
 # the template ones) and "created for" are trusted only with both (sync.targets).
 ANN_OWNER_UID = "himitsu.io/owner-uid"
+# Set once, when the operator creates a Secret: the uid of the HimitsuSecret it created it
+# for. Never written on an update, so no later writer inherits it: "created for" (a Merge
+# without consent, an Owner write, a delete on release) is judged by it alone.
+ANN_CREATED_FOR = "himitsu.io/created-for"
 # The label and annotation keys the template applied (comma-separated), so a key later
 # removed from the template is removed from the target, and only such a key.
 ANN_TEMPLATE_LABELS = "himitsu.io/template-labels"

@@ -289,3 +289,113 @@ def test_a_renamed_merge_target_the_operator_created_keeps_what_others_added() -
     old = world.kube.secret(NS, TARGET)
     assert unb64(old["data"]) == {"THEIRS": "t"}
     assert not old["metadata"].get("labels") and not old["metadata"].get("annotations")
+
+
+# --- "created for" is a creation-time fact tied to one uid ---------------------------------
+
+
+def another(world: World, name: str, *, policy: str, target: str = TARGET) -> str:
+    """Another HimitsuSecret (another environment) naming ``target``."""
+    obj = make_hsec(policy=policy, environmentId=OTHER_ENV)
+    obj["metadata"]["name"] = name
+    obj["spec"]["target"]["name"] = target
+    world.kube.add_himitsu_secret(obj)
+    return f"{NS}/{name}"
+
+
+def set_consent(world: World, value: str | None) -> None:
+    got = meta(world)
+    ann = dict(got.get("annotations") or {})
+    ann.pop(api.ANN_ALLOW_MERGE_BY, None)
+    if value is not None:
+        ann[api.ANN_ALLOW_MERGE_BY] = value
+    world.kube.edit_secret(NS, TARGET, metadata={**got, "annotations": ann})
+
+
+def orphaned_merge_target(world: World) -> None:
+    """The operator created a Merge HimitsuSecret's target; its team added a key by hand
+    and deleted the HimitsuSecret, keeping the Secret (it outlives a Merge one)."""
+    world.sync(5, {"DB_URL": "postgres://team"})
+    data = dict(world.target().get("data") or {})
+    world.kube.edit_secret(NS, TARGET, data={**data, "THEIRS": b64("team-value")})
+    delete_hsec(world)
+
+
+def test_an_owner_himitsu_secret_never_adopts_a_secret_created_for_another() -> None:
+    """The attacker may create HimitsuSecrets, not write Secrets: an Owner one naming the
+    orphan would replace the team's data (NODE_OPTIONS into a Secret a workload loads)
+    and put its controller reference on it."""
+    world = World(policy="Merge")
+    orphaned_merge_target(world)
+    before = world.target()
+    result = reconcile_as(world, another(world, "evil", policy="Owner"),
+                          fetched(1, {"NODE_OPTIONS": "--require /tmp/x.js"}))
+    assert result.error == "TargetConflict"
+    assert world.target() == before
+    message = world.kube.status(NS, "evil")["conditions"][0]["message"]
+    assert "delete it" in message and api.ANN_ALLOW_MERGE_BY in message
+
+
+def test_a_secret_created_for_another_survives_an_owner_himitsu_secret_moving_away() -> None:
+    """Had the Owner write taken it, its controller reference would have made it an
+    earlier target of the attacker's, deleted once target.name changes."""
+    world = World(policy="Merge")
+    orphaned_merge_target(world)
+    evil = another(world, "evil", policy="Owner")
+    reconcile_as(world, evil, fetched(1, {"X": "1"}))
+    obj = world.kube.himitsu_secrets[(NS, "evil")]
+    obj["spec"]["target"]["name"] = "elsewhere"
+    obj["metadata"]["generation"] += 1
+    assert reconcile_as(world, evil, fetched(1, {"X": "1"})).error is None
+    assert unb64(world.kube.secret(NS, TARGET)["data"]) == {
+        "DB_URL": "postgres://team", "THEIRS": "team-value"}
+
+
+def test_withdrawn_consent_stops_a_merge_into_a_secret_created_for_another() -> None:
+    """A later writer never inherits "created for": once b merged with the Secret's
+    consent, withdrawing it stops b."""
+    world = World(policy="Merge")
+    orphaned_merge_target(world)
+    set_consent(world, "b")
+    b = another(world, "b", policy="Merge")
+    assert reconcile_as(world, b, fetched(1, {"B_KEY": "b1"})).error is None
+    assert api.ANN_CREATED_FOR not in meta(world)["annotations"]
+    set_consent(world, None)
+    before = world.target()
+    world.clock.advance(120)
+    assert reconcile_as(world, b, fetched(2, {"B_KEY": "b2", "NEW": "n"})).error == \
+        "TargetConflict"
+    assert world.target()["data"] == before["data"]
+
+
+def test_a_merge_target_created_before_the_created_for_record_is_still_its_creators() -> None:
+    """Written by an earlier version (the managed-by label beside this HimitsuSecret's
+    stamps, no created-for): no consent asked, and the next write records the uid."""
+    world = World(policy="Merge")
+    world.sync(5)
+    got = meta(world)
+    got["annotations"].pop(api.ANN_CREATED_FOR)
+    world.kube.edit_secret(NS, TARGET, metadata=got)
+    world.poll(fetched(6, {"NEW": "1"}))
+    assert world.data() == {"NEW": "1"}
+    assert meta(world)["annotations"][api.ANN_CREATED_FOR] == world.kube.himitsu_secrets[
+        (NS, NAME)]["metadata"]["uid"]
+
+
+def test_an_earlier_target_held_by_a_finalizer_costs_no_read_per_poll() -> None:
+    def renamed_then_polled(*, finalizer: bool) -> tuple[World, int]:
+        world = World()
+        world.sync(5)
+        if finalizer:
+            world.kube.edit_secret(NS, TARGET, metadata={
+                **meta(world), "finalizers": ["example.com/hold"]})
+        world.edit_target_spec(name="renamed")
+        world.sync(5)
+        reads = world.kube.direct_reads
+        for _ in range(3):
+            world.poll(fetched(5))
+        return world, world.kube.direct_reads - reads
+
+    held, reads_held = renamed_then_polled(finalizer=True)
+    assert meta(held).get("deletionTimestamp")
+    assert reads_held == renamed_then_polled(finalizer=False)[1]

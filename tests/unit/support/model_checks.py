@@ -219,7 +219,7 @@ class Oracle:
             refs = (prior.get("metadata") or {}).get("ownerReferences") or []
             uid = ((self.world.current_obj or {}).get("metadata") or {}).get("uid")
             mine = _annotations(prior).get(api.ANN_OWNED_BY) == key.partition("/")[2] or any(
-                _our_ref(r) and r.get("uid") == uid for r in refs) or self.merge.orphan(prior)
+                _our_ref(r) and r.get("uid") == uid for r in refs)
             if not (is_ours(prior) and mine):
                 self.violation(f"foreign: reconcile of {key} deleted Secret {name!r}, which "
                                "is not its own target")
@@ -354,7 +354,7 @@ class Oracle:
         expected_failure = self._failure_expected(spec, target, rendered)
         if self.merge.refusal(obj, spec, target):
             reasons = {"TargetConflict"} | (expected_failure or (set(), ""))[0]
-            expected_failure = reasons, "the target does not consent to a Merge by it"
+            expected_failure = reasons, "the target was not created for it, nor consents"
         shared = any(api.parse_spec(o).target.name == spec.target.name
                      and o["metadata"]["name"] != name
                      for o in self.world.server.objects_of(HSEC))

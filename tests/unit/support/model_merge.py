@@ -7,14 +7,17 @@ keys, and its owner giving or withdrawing consent (``himitsu.io/allow-merge-by``
 
 The oracle (``MergeOracle``) keeps its own record of who wrote what: every item (a data
 key, a label, an annotation) an operator write added or changed, with the HimitsuSecret
-(uid) it wrote for, and which HimitsuSecret a Secret was created (or taken as Owner) for.
+(uid) it wrote for, and which HimitsuSecret a Secret was created for (a creation fact: lost
+once another HimitsuSecret writes it).
 Its checks, named in ``MERGE_CHECKS``:
 
-* ``untouched``: no operator write removes or changes an item someone else wrote (data of
-  a Secret taken as Owner aside; an operator stamp, or a key the operator wrote for
-  another HimitsuSecret, may be overwritten);
+* ``untouched``: no operator write removes or changes an item someone else wrote (an
+  Owner write's data aside, into a Secret created for its HimitsuSecret: Owner never
+  adopts another; an operator stamp, or a key written for another HimitsuSecret, may be
+  overwritten);
 * ``consent``: a Merge into a Secret not created for its HimitsuSecret adds or changes
-  nothing unless the Secret names it (or ``*``) in allow-merge-by;
+  nothing unless the Secret names it (or ``*``) in allow-merge-by; an Owner HimitsuSecret
+  whose existing target was not created for it is refused;
 * ``template`` (after a quiet period): an in-step target carries exactly the template's
   metadata: every template key (a Merge target's foreign key of that name aside), and no
   key the HimitsuSecret applied that its template no longer holds;
@@ -97,8 +100,11 @@ class MergeOracle:
         elif method == "PUT" and prior is not None and spec is not None:
             owner = spec.target.creation_policy == "Owner"
             self._check_kept(name, prior, body or {}, uid,
-                             owner_data=owner and _uid(prior) in self.created_for)
-            if not owner and self.created_for.get(_uid(prior)) != uid \
+                             owner_data=owner and self.created_for.get(_uid(prior)) == uid)
+            if owner and name == spec.target.name and self.created_for.get(_uid(prior)) != uid:
+                self.violation(f"consent: {hname} (Owner) wrote Secret {name!r}, which was "
+                               "not created for it")
+            elif not owner and self.created_for.get(_uid(prior)) != uid \
                     and not consents(prior, hname):
                 after, before = items(body), items(prior)
                 added = sorted(k for k, v in after.items() if before.get(k) != v)
@@ -147,29 +153,21 @@ class MergeOracle:
         self.last_writer[secret_uid] = uid
         if name != spec.target.name:  # an earlier target released: nothing of it is ours
             self.created_for.pop(secret_uid, None)
-        elif method == "POST" or spec.target.creation_policy == "Owner":
+        elif method == "POST":
             self.created_for[secret_uid] = uid
         elif self.created_for.get(secret_uid) not in (None, uid):
             del self.created_for[secret_uid]  # another's stamps now: not "created for" it
-
-    def orphan(self, secret: Mapping[str, Any]) -> bool:
-        """Created by the operator for a HimitsuSecret that is gone or names another
-        target now: the contract lets an Owner HimitsuSecret take it (and replace it for
-        a type change)."""
-        creator = self.created_for.get(_uid(secret))
-        name = (secret.get("metadata") or {}).get("name")
-        return creator is not None and creator not in {
-            _uid(o) for o in self.world.server.objects_of(HSEC)
-            if api.parse_spec(o).target.name == name}
 
     # -- what a HimitsuSecret must say, and what a quiet period must end in ----------------
 
     def refusal(self, obj: Mapping[str, Any], spec: api.Spec,
                 target: Mapping[str, Any] | None) -> bool:
-        """Must this HimitsuSecret be refused for want of the target's consent?"""
-        return (target is not None and spec.target.creation_policy == "Merge"
-                and self.created_for.get(_uid(target)) != _uid(obj)
-                and not consents(target, obj["metadata"]["name"]))
+        """Must this HimitsuSecret be refused: an Owner one for a target not created for
+        it (Owner never adopts), a Merge one for want of the target's consent?"""
+        if target is None or self.created_for.get(_uid(target)) == _uid(obj):
+            return False
+        return (spec.target.creation_policy == "Owner"
+                or not consents(target, obj["metadata"]["name"]))
 
     def template_problem(self, obj: Mapping[str, Any], spec: api.Spec,
                          target: Mapping[str, Any]) -> str | None:

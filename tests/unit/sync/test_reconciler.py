@@ -465,25 +465,37 @@ def test_target_owned_by_another_existing_himitsu_secret(world: World) -> None:
         other_status["conditions"][0]["message"]
 
 
-def test_target_whose_owner_no_longer_exists_is_free(world: World) -> None:
+def test_an_owner_target_orphaned_by_its_deleted_himitsu_secret_is_not_adopted(
+        world: World) -> None:
+    """Its HimitsuSecret deleted with --cascade=orphan: the Secret is whoever keeps it now;
+    an Owner HimitsuSecret naming it never takes it over (its controller reference would
+    let a later rename or deletion delete it). Deleted, it is created anew."""
     add_other(world)
     HimitsuSecretReconciler(world.kube, FakeFetcher(fetched(3, {"OLD": "x"})),
                             now=world.clock).reconcile("apps/other")
-    assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == "other"
     del world.kube.himitsu_secrets[(NS, "other")]
+    before = world.target()
+    assert world.reconcile().error == "TargetConflict"
+    assert world.target() == before
+    assert "delete it" in world.ready()["message"]
+    del world.kube.secrets[(NS, TARGET)]
     world.sync(5)
     assert world.data() == values()
     assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == NAME
 
 
-def test_target_left_behind_by_a_retargeted_owner_is_free(world: World) -> None:
+def test_a_target_left_by_a_retargeted_owner_is_taken_only_once_released(
+        world: World) -> None:
     world.sync(5)
     add_other(world)
     world.edit_target_spec(name="moved-on")
-    result = HimitsuSecretReconciler(
-        world.kube, FakeFetcher(fetched(3, {"NEW": "x"})), now=world.clock,
-    ).reconcile("apps/other")
-    assert result.error is None
+    other = HimitsuSecretReconciler(world.kube, FakeFetcher(fetched(3, {"NEW": "x"})),
+                                    now=world.clock)
+    assert other.reconcile("apps/other").error == "TargetConflict"
+    assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == NAME
+    world.sync(5)  # written to moved-on, the earlier target deleted
+    assert (NS, TARGET) not in world.kube.secrets
+    assert other.reconcile("apps/other").error is None
     assert world.target()["metadata"]["annotations"][api.ANN_OWNED_BY] == "other"
 
 
@@ -702,15 +714,21 @@ def test_deleted_himitsu_secret_is_done_and_forgotten(world: World) -> None:
     assert world.kube.writes() == 1  # the Owner target is left to the garbage collector
 
 
-def test_recreated_himitsu_secret_is_not_confused_with_the_old_one(world: World) -> None:
+def test_a_recreated_himitsu_secret_takes_no_target_created_for_its_namesake(
+        world: World) -> None:
+    """A name is reused, a uid never: the old target's controller reference names the
+    old uid, so the new HimitsuSecret waits for the garbage collector to delete it, and
+    then creates its own with a full fetch."""
     world.kube.freeze_himitsu_secret(NS, NAME)
     world.sync(5)
     world.kube.thaw()
     fresh = make_hsec()
     world.kube.himitsu_secrets.pop((NS, NAME))
     world.kube.add_himitsu_secret(fresh)
-    # The old target's ownerReference names the old uid, but owned-by names us: a full
-    # fetch (no status) and the reference is moved to the new object.
+    before = world.target()
+    assert world.reconcile().error == "TargetConflict"
+    assert world.target() == before
+    del world.kube.secrets[(NS, TARGET)]  # the garbage collector
     world.sync(5)
     assert world.fetcher.known_versions == [None, None]
     refs = world.target()["metadata"]["ownerReferences"]

@@ -629,17 +629,18 @@ def test_a_salt_chosen_by_someone_who_cannot_read_the_secret_is_not_used() -> No
     """A user who may create Secrets (not read them) and read HimitsuSecrets creates the
     target first, with the operator's public stamps and a salt of their choosing: adopted
     as the Owner target, its salt must not key the status MACs (they could test guesses
-    of the values offline against them). The operator's first write stamps its own."""
-    world = rollout_world()
+    of the values offline against them). Its owner consents to a Merge (an Owner
+    HimitsuSecret never adopts it): the operator's first write stamps its own salt."""
+    world = rollout_world(policy="Merge")
     world.kube.put_secret({
         "metadata": {"namespace": NS, "name": TARGET,
                      "labels": {api.LABEL_MANAGED: "true",
                                 api.LABEL_MANAGED_BY: api.MANAGED_BY_VALUE},
-                     "annotations": {api.ANN_OWNED_BY: NAME,
+                     "annotations": {api.ANN_OWNED_BY: NAME, api.ANN_ALLOW_MERGE_BY: NAME,
                                      api.ANN_ROLLOUT_SALT: "chosen-by-the-user"}},
         "type": "Opaque", "data": {}})
     world.sync(5)
-    assert world.data() == values()  # written: the Secret was taken as the operator's
+    assert world.data() == values()  # written: the Secret consents to the Merge
     assert world.target()["metadata"]["annotations"][api.ANN_ROLLOUT_SALT] \
         != "chosen-by-the-user"
     guess = render.data_hash(render.render("KeyValue", values()))

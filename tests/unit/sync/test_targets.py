@@ -89,19 +89,25 @@ def test_target_owned_by_another_existing_himitsu_secret_is_a_conflict() -> None
     assert asked == ["other", "other"]
 
 
-def test_target_whose_owner_no_longer_exists_is_free() -> None:
+def test_a_target_created_for_a_himitsu_secret_that_is_gone_is_nobodys_to_take() -> None:
+    """Created by the operator for another HimitsuSecret (gone, or moved elsewhere): an
+    Owner write never adopts it (its data is whoever keeps it now) and a Merge needs its
+    consent, whatever managed-by label or controller reference it carries."""
     theirs = targets.desired_secret(
         None, owner=targets.Owner("apps", "gone", "uid-2"), spec=make_spec(),
         rendered=RENDERED, version=1)
-    targets.check_ownership(theirs, owner=OWNER, policy="Owner",
-                            himitsu_secret_exists=never_exists)
-    # Created for another HimitsuSecret, not for this one: a Merge needs its consent.
+    with pytest.raises(targets.TargetConflict, match="never adopts an existing Secret"):
+        targets.check_ownership(theirs, owner=OWNER, policy="Owner",
+                                himitsu_secret_exists=never_exists)
     with pytest.raises(targets.TargetConflict, match=api.ANN_ALLOW_MERGE_BY):
         targets.check_ownership(theirs, owner=OWNER, policy="Merge",
                                 himitsu_secret_exists=never_exists)
     theirs["metadata"]["annotations"][api.ANN_ALLOW_MERGE_BY] = OWNER.name
     targets.check_ownership(theirs, owner=OWNER, policy="Merge",
                             himitsu_secret_exists=never_exists)
+    with pytest.raises(targets.TargetConflict, match="never adopts an existing Secret"):
+        targets.check_ownership(theirs, owner=OWNER, policy="Owner",
+                                himitsu_secret_exists=never_exists)
 
 
 def test_our_own_target_is_ours() -> None:
@@ -194,6 +200,7 @@ def test_owner_desired_secret_new() -> None:
         "note": "n",
         api.ANN_OWNED_BY: "app-config",
         api.ANN_OWNER_UID: "uid-1",
+        api.ANN_CREATED_FOR: "uid-1",
         api.ANN_TEMPLATE_LABELS: "team",
         api.ANN_TEMPLATE_ANNOTATIONS: "note",
         api.ANN_CONFIG_VERSION: "5",

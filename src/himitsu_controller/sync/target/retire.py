@@ -33,8 +33,9 @@ def old_targets(kube: Kube, obj: Mapping[str, Any], *, owner: targets.Owner,
     ns = owner.namespace
     for cached in kube.secrets_owned_by(ns, owner.uid):
         name = str((cached.get("metadata") or {}).get("name", ""))
-        if not name or name == spec.target.name:
-            continue
+        if not name or name == spec.target.name or (
+                (cached.get("metadata") or {}).get("deletionTimestamp")):
+            continue  # (one held by a finalizer costs no read per poll)
         whole = kube.get_secret(ns, name, fresh=True)
         if whole is None or (whole.get("metadata") or {}).get("deletionTimestamp"):
             continue

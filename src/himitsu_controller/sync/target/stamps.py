@@ -53,13 +53,20 @@ def stamped_by(secret: Mapping[str, Any] | None, *, name: str, uid: str) -> bool
 
 
 def created_for(secret: Mapping[str, Any] | None, *, name: str, uid: str) -> bool:
-    """The operator created this Secret for this HimitsuSecret (its controller reference,
-    or the managed-by label a create sets beside this HimitsuSecret's stamps). Only the
-    operator writes either: templates may not set them (``api.is_reserved_key``)."""
-    if has_controller_ref(secret, uid=uid) and bool(uid):
+    """The operator created this Secret for the HimitsuSecret of ``uid``: its
+    ``created-for`` annotation (set on create only, never carried to another writer) or
+    its controller reference (set only on a Secret created for that uid: an Owner write
+    never adopts) names that uid. Templates may not set either (``api.is_reserved_key``)
+    and the apiserver assigns uids. A Secret written before ``created-for`` existed counts
+    by the managed-by label beside this HimitsuSecret's stamps (a later writer drops that
+    label, see ``metadata``); its next write by that HimitsuSecret records the uid."""
+    if not uid:
+        return False
+    ann = _annotations(secret)
+    if ann.get(api.ANN_CREATED_FOR) == uid or has_controller_ref(secret, uid=uid):
         return True
-    return (_labels(secret).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE
-            and stamped_by(secret, name=name, uid=uid))
+    return (api.ANN_CREATED_FOR not in ann and stamped_by(secret, name=name, uid=uid)
+            and _labels(secret).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE)
 
 
 def applied(secret: Mapping[str, Any] | None, record: str, *, name: str, uid: str) -> set[str]:
@@ -101,8 +108,13 @@ def metadata(existing: Mapping[str, Any] | None, *, name: str, uid: str, spec: a
         applied(existing, api.ANN_TEMPLATE_ANNOTATIONS, name=name, uid=uid),
         overwrite=owner_policy)
     labels[api.LABEL_MANAGED] = "true"
-    if owner_policy or existing is None:
+    if existing is None or created_for(existing, name=name, uid=uid):
         labels[api.LABEL_MANAGED_BY] = api.MANAGED_BY_VALUE
+        ann[api.ANN_CREATED_FOR] = uid  # (put back if pruned: our controller ref says it)
+    else:  # another writer's creation facts are not ours to carry on
+        ann.pop(api.ANN_CREATED_FOR, None)
+        if labels.get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE:
+            labels.pop(api.LABEL_MANAGED_BY)
     ann.update({api.ANN_OWNED_BY: name, api.ANN_OWNER_UID: uid,
                 api.ANN_PROJECT_ID: spec.project_id, api.ANN_ENVIRONMENT_ID: spec.environment_id})
     _record(ann, api.ANN_TEMPLATE_LABELS, applied_labels)
@@ -129,6 +141,7 @@ def without_ours(secret: Mapping[str, Any], *, name: str, uid: str) -> dict[str,
         api.LABEL_MANAGED}
     if created_for(secret, name=name, uid=uid):
         label_gone.add(api.LABEL_MANAGED_BY)
+        ann_gone = ann_gone | {api.ANN_CREATED_FOR}
     meta["annotations"] = {k: v for k, v in _annotations(secret).items() if k not in ann_gone}
     meta["labels"] = {k: v for k, v in _labels(secret).items() if k not in label_gone}
     data = {k: v for k, v in (secret.get("data") or {}).items() if k not in keys}

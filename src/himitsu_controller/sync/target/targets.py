@@ -97,11 +97,15 @@ def check_ownership(
             f"and does not consent to a Merge by it: whoever may write the Secret adds the "
             f"annotation {api.ANN_ALLOW_MERGE_BY}: {owner.name} (or '*') to it; until "
             "then it is left as it is")
-    if policy == "Owner" and not _created_by_operator(secret):
+    if policy == "Owner" and not stamps.created_for(secret, name=owner.name, uid=owner.uid):
+        # Not even one the operator created for another HimitsuSecret, gone or moved
+        # since: its data is whoever keeps it now, and our controller reference would let
+        # garbage collection (or a later rename) delete it.
         raise TargetConflict(
-            f"Secret {name!r} already exists and was not created by himitsu-operator; "
-            "creationPolicy Owner never adopts an existing Secret (use creationPolicy: Merge "
-            "to add keys to it, or delete it to let the operator create it)"
+            f"Secret {name!r} already exists and was not created by himitsu-operator for "
+            "this HimitsuSecret; creationPolicy Owner never adopts an existing Secret "
+            "(delete it to let the operator create it, or use creationPolicy: Merge with "
+            f"the Secret's consent, {api.ANN_ALLOW_MERGE_BY}: {owner.name})"
         )
 
 
@@ -113,16 +117,6 @@ def consents(secret: Mapping[str, Any], *, owner: Owner) -> bool:
         return True
     allowed = {n.strip() for n in annotations_of(secret).get(api.ANN_ALLOW_MERGE_BY, "").split(",")}
     return "*" in allowed or owner.name in allowed
-
-
-def _created_by_operator(secret: Mapping[str, Any]) -> bool:
-    # Our label and owned-by are also stamped on a foreign Secret we merged keys into;
-    # only the managed-by label we set on creation (or our controller reference) says we
-    # created it, so an Owner HimitsuSecret never wipes, say, a Helm Secret's keys.
-    if labels(secret).get(api.LABEL_MANAGED) != "true" or owned_by(secret) is None:
-        return False
-    return (labels(secret).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE
-            or _has_our_controller_ref(secret.get("metadata") or {}))
 
 
 _is_our_controller_ref = stamps.is_controller_ref
