@@ -399,3 +399,16 @@ def test_an_earlier_target_held_by_a_finalizer_costs_no_read_per_poll() -> None:
     held, reads_held = renamed_then_polled(finalizer=True)
     assert meta(held).get("deletionTimestamp")
     assert reads_held == renamed_then_polled(finalizer=False)[1]
+
+
+def test_a_renamed_owner_target_whose_reference_was_removed_keeps_no_stale_data() -> None:
+    """Found by the model-based test: without its controller reference the old Owner
+    target was only stripped of stamps, keeping every value (it records no managed keys:
+    all its data is ours)."""
+    world = World()
+    world.sync(5)
+    world.kube.edit_secret(NS, TARGET, metadata={
+        k: v for k, v in meta(world).items() if k != "ownerReferences"})
+    world.edit_target_spec(name="renamed")
+    world.sync(5)
+    assert (NS, TARGET) not in world.kube.secrets

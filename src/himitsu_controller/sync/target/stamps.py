@@ -136,6 +136,9 @@ def without_ours(secret: Mapping[str, Any], *, name: str, uid: str) -> dict[str,
     and applied template metadata removed: foreign keys, labels and annotations stay."""
     meta = dict(_meta(secret))
     keys = applied(secret, api.ANN_MANAGED_KEYS, name=name, uid=uid)
+    if api.ANN_MANAGED_KEYS not in _annotations(secret) and stamped_by(
+            secret, name=name, uid=uid) and created_for(secret, name=name, uid=uid):
+        keys = set(secret.get("data") or {})  # an Owner target whose reference was removed
     ann_gone = applied(secret, api.ANN_TEMPLATE_ANNOTATIONS, name=name, uid=uid) | _STAMPS
     label_gone = applied(secret, api.ANN_TEMPLATE_LABELS, name=name, uid=uid) | {
         api.LABEL_MANAGED}
