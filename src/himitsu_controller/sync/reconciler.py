@@ -189,10 +189,15 @@ class HimitsuSecretReconciler:
             if held_answer is None:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
         else:
-            rendered = self._render(spec, result.secrets)
-            data_changed, count = self._write(
-                ctx, spec, mem, target=target, rendered=rendered, version=result.version,
-            ), len(result.secrets)
+            try:
+                rendered = self._render(spec, result.secrets)
+                data_changed, count = self._write(
+                    ctx, spec, mem, target=target, rendered=rendered, version=result.version,
+                ), len(result.secrets)
+            except _Failure as failure:  # judged on what memory held: ask Himitsu when it may
+                if retry is not None:
+                    failure.retry_after = min(failure.retry_after or retry, retry)
+                raise
             metrics.count_sync("written" if data_changed else "unchanged")
         self._release_earlier_targets(ctx, spec)
         self._report_synced(

@@ -68,3 +68,28 @@ def test_a_force_sync_while_the_source_is_blocked_waits_for_himitsu() -> None:
     status = op.kube.status(NS, "a2")
     assert status.get("lastForceSync") == "1" and _version(op, "a2") == current
     assert op.data("a2")["KEY_0"] == "rotated"
+
+
+def test_a_first_sync_refused_on_data_from_memory_asks_himitsu_at_retry_after() -> None:
+    # Found by the model test ('settled'): a basic-auth target failing on its data backs
+    # off to refreshInterval; the key it needs arrives in Himitsu while the source is
+    # rate limited, and the retry judged memory's old answer and waited another interval.
+    op = Operator()
+    op.add("a1")  # ENV's secrets (no 'username') are in memory
+    op.reconcile("a1")
+    op.add("auth", target_type="kubernetes.io/basic-auth")
+    for _ in range(8):  # InvalidSpec on Himitsu's own answers: the backoff reaches 1m
+        result = op.reconciler.reconcile(f"{NS}/auth")
+        assert result.error == "InvalidSpec" and result.requeue_after is not None
+        op.clock.advance(result.requeue_after)
+    assert result.requeue_after == 60
+    current = op.himitsu.change(ENV, {"username": "app"})
+    op.himitsu.error = himitsu.RateLimited("429", retry_after=5)
+    result = op.reconciler.reconcile(f"{NS}/auth")
+    # Judged on memory's old answer: asked again once Himitsu may be, not in a minute.
+    assert result.error == "InvalidSpec"
+    assert result.requeue_after is not None and result.requeue_after <= 5
+    op.himitsu.error = None
+    op.clock.advance(result.requeue_after)
+    op.reconcile("auth")
+    assert op.data("auth")["username"] == "app" and _version(op, "auth") == current
