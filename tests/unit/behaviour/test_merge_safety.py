@@ -302,4 +302,3 @@ def test_a_renamed_merge_target_the_operator_created_keeps_what_others_added() -
     old = world.kube.secret(NS, TARGET)
     assert unb64(old["data"]) == {"THEIRS": "t"}
     assert not old["metadata"].get("labels") and not old["metadata"].get("annotations")
-
