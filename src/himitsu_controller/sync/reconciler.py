@@ -189,16 +189,8 @@ class HimitsuSecretReconciler:
             if held_answer is None:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
         else:
-            try:
-                rendered = self._render(spec, result.secrets)
-                data_changed, count = self._write(
-                    ctx, spec, mem, target=target, rendered=rendered, version=result.version,
-                ), len(result.secrets)
-            except _Failure as failure:  # judged on what memory held: ask Himitsu when it may
-                if retry is not None:
-                    failure.retry_after = min(failure.retry_after or retry, retry)
-                raise
-            metrics.count_sync("written" if data_changed else "unchanged")
+            data_changed, count = self._write_answer(
+                ctx, spec, mem, target=target, result=result, retry=retry)
         self._release_earlier_targets(ctx, spec)
         self._report_synced(
             ctx, spec, version=result.version, count=count or 0, data_changed=data_changed,
@@ -208,6 +200,23 @@ class HimitsuSecretReconciler:
         self._schedule(spec, mem, result.jitter, polled=polled, retry=retry,
                        quiet=held_answer is not None)
         return wakes.until_due(mem, now=self._clock())
+
+    def _write_answer(self, ctx: Context, spec: api.Spec, mem: Memory, *,
+                      target: dict[str, Any] | None, result: himitsu.Fetched,
+                      retry: float | None) -> tuple[bool, int]:
+        """Render and write Himitsu's answer: whether the data changed, and how many keys.
+        A failure judged on what memory held (``retry``: Himitsu could not be asked) is
+        tried again when Himitsu may be asked, not after the failure backoff."""
+        try:
+            rendered = self._render(spec, result.secrets)
+            data_changed = self._write(ctx, spec, mem, target=target, rendered=rendered,
+                                       version=result.version)
+        except _Failure as failure:
+            if retry is not None:
+                failure.retry_after = min(failure.retry_after or retry, retry)
+            raise
+        metrics.count_sync("written" if data_changed else "unchanged")
+        return data_changed, len(result.secrets)
 
     def _schedule(self, spec: api.Spec, mem: Memory, jitter: float | None, *, polled: float,
                   retry: float | None, quiet: bool) -> None:
