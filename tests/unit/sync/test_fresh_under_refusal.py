@@ -93,3 +93,24 @@ def test_a_first_sync_refused_on_data_from_memory_asks_himitsu_at_retry_after() 
     op.clock.advance(result.requeue_after)
     op.reconcile("auth")
     assert op.data("auth")["username"] == "app" and _version(op, "auth") == current
+
+
+def test_a_first_sync_that_keeps_failing_asks_himitsu_again_not_an_old_shared_answer() -> None:
+    # Found by the model test ('settled'): a first sync that took another reader's answer
+    # is revalidated, but while its write kept failing any answer since that moment was
+    # taken, ever older: the key it needed, added in Himitsu since, never arrived.
+    op = Operator()
+    op.add("a1")
+    op.reconcile("a1")
+    op.add("auth", target_type="kubernetes.io/basic-auth")
+    op.clock.advance(1)
+    assert op.reconciler.reconcile(f"{NS}/auth").error == "InvalidSpec"  # a1's answer
+    op.clock.advance(0.5)
+    op.kube.himitsu_secrets[(NS, "a1")]["metadata"]["annotations"] = {api.ANN_FORCE_SYNC: "1"}
+    op.reconcile("a1")  # another reader's answer, after the revalidation was asked for
+    current = op.himitsu.change(ENV, {"username": "app"})
+    for _ in range(3):
+        op.clock.advance(3)
+        if op.reconciler.reconcile(f"{NS}/auth").error is None:
+            break
+    assert op.data("auth")["username"] == "app" and _version(op, "auth") == current
