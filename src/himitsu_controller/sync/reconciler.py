@@ -161,9 +161,10 @@ class HimitsuSecretReconciler:
         held_answer = wakes.held_answer(self._kube, ctx, spec, mem, target, now=began,
                                         consistent=consistent) \
             if intact and not (forced or moved) else None
-        result, retry = (held_answer[0], None) if held_answer is not None else self._fetch(
-            ctx, spec, token, known, window=self._window(spec, mem, intact=intact),
-            api_url=api_url, floor=floor, fallback=not intact, fingerprint=source)
+        result, retry, limited = (held_answer[0], None, False) if held_answer is not None \
+            else self._fetch(ctx, spec, token, known,
+                             window=self._window(spec, mem, intact=intact), api_url=api_url,
+                             floor=floor, fallback=not intact, fingerprint=source)
         restamp = held_answer[1] if held_answer is not None else None
         mem.source, mem.refused, mem.refusals = source, None, 0
         polled = self._now().timestamp()
@@ -189,11 +190,8 @@ class HimitsuSecretReconciler:
             if held_answer is None:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
         else:
-            rendered = self._render(spec, result.secrets)
-            data_changed, count = self._write(
-                ctx, spec, mem, target=target, rendered=rendered, version=result.version,
-            ), len(result.secrets)
-            metrics.count_sync("written" if data_changed else "unchanged")
+            data_changed, count = self._write_answer(
+                ctx, spec, mem, target=target, result=result, retry=retry if limited else None)
         self._release_earlier_targets(ctx, spec)
         self._report_synced(
             ctx, spec, version=result.version, count=count or 0, data_changed=data_changed,
@@ -203,6 +201,24 @@ class HimitsuSecretReconciler:
         self._schedule(spec, mem, result.jitter, polled=polled, retry=retry,
                        quiet=held_answer is not None)
         return wakes.until_due(mem, now=self._clock())
+
+    def _write_answer(self, ctx: Context, spec: api.Spec, mem: Memory, *,
+                      target: dict[str, Any] | None, result: himitsu.Fetched,
+                      retry: float | None) -> tuple[bool, int]:
+        """Render and write Himitsu's answer: whether the data changed, and how many keys.
+        A failure judged on what memory held while Himitsu rate-limited the source is tried
+        again when Himitsu may be asked (``retry``), not after the failure backoff (a 5xx
+        keeps the backoff: one layer owns the retries of an outage)."""
+        try:
+            rendered = self._render(spec, result.secrets)
+            data_changed = self._write(ctx, spec, mem, target=target, rendered=rendered,
+                                       version=result.version)
+        except _Failure as failure:
+            if retry is not None:
+                failure.retry_after = min(failure.retry_after or retry, retry)
+            raise
+        metrics.count_sync("written" if data_changed else "unchanged")
+        return data_changed, len(result.secrets)
 
     def _schedule(self, spec: api.Spec, mem: Memory, jitter: float | None, *, polled: float,
                   retry: float | None, quiet: bool) -> None:
@@ -334,10 +350,11 @@ class HimitsuSecretReconciler:
     def _fetch(
         self, ctx: Context, spec: api.Spec, token: str, known: int | None, *,
         window: float, api_url: str, floor: int | None, fallback: bool, fingerprint: str,
-    ) -> tuple[himitsu.FetchResult, float | None]:
-        """Himitsu's answer, and None; or, for a write that cannot wait (``fallback``: a
-        first sync or a repair) while Himitsu cannot be asked (429, 5xx, transport,
-        pacing), the secrets the poller holds for this very source and when to try again.
+    ) -> tuple[himitsu.FetchResult, float | None, bool]:
+        """Himitsu's answer, None and False; or, for a write that cannot wait (``fallback``:
+        a first sync or a repair) while Himitsu cannot be asked (429, 5xx, transport,
+        pacing), the secrets the poller holds for this very source, when to try again, and
+        whether that was a rate limit (a 429, the poller's hold after one, our pacing).
 
         ``floor``: the version the target's data holds; an answer below it (another
         token's older one) is never written: Himitsu is asked instead."""
@@ -360,14 +377,14 @@ class HimitsuSecretReconciler:
                 delay = float(exc.retry_after) if isinstance(exc, himitsu.RateLimited) else 0.0
                 log.info("written from memory, Himitsu to be asked again", key=ctx.key,
                          error=type(exc).__name__)
-                return remembered, max(1.0, delay)
+                return remembered, max(1.0, delay), isinstance(exc, himitsu.RateLimited)
             self._fetch_failed(ctx, spec, exc, fingerprint)
         except himitsu.HimitsuError as exc:
             self._fetch_failed(ctx, spec, exc, fingerprint)
         if isinstance(result, himitsu.NotModified) and known is None:
             raise _Failure("FetchFailure",
                            "the Himitsu API answered 304 to an unconditional request")
-        return result, None
+        return result, None, False
 
     def _fetch_failed(self, ctx: Context, spec: api.Spec, exc: Exception,
                       fingerprint: str) -> NoReturn:
@@ -500,7 +517,10 @@ class HimitsuSecretReconciler:
 
     def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
         if mem.revalidate is not None:  # only an answer asked for since (see ``_sync``)
-            return max(0.0, self._now().timestamp() - mem.revalidate)
+            since = max(0.0, self._now().timestamp() - mem.revalidate)
+            # A first sync or a repair still to write (its last write failed) takes data of
+            # seconds ago: an answer since a revalidation long due would be served forever.
+            return since if intact else min(since, schedule.FRESH)
         return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
                                      due=mem.due, answered=mem.answered, intact=intact)
 

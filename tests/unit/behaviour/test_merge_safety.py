@@ -234,6 +234,19 @@ def test_a_renamed_owner_target_deletes_the_old_secret_once_the_new_one_is_writt
     assert len(normal) == 1 and normal[0].type == "Normal" and TARGET in normal[0].message
 
 
+def test_a_renamed_owner_target_whose_owner_reference_was_pruned_is_deleted_too() -> None:
+    # Found by the model test ('renamed'): a GitOps tool pruned the controller reference
+    # (a stamp the operator puts back); the old Secret lost its stamps but kept every value.
+    world = World()
+    world.sync(5)
+    world.kube.edit_secret(NS, TARGET, metadata={
+        **world.target()["metadata"], "ownerReferences": []})
+    world.edit_target_spec(name="renamed")
+    world.sync(5)
+    assert (NS, TARGET) not in world.kube.secrets
+    assert unb64(world.kube.secret(NS, "renamed")["data"]) == fetched(5).secrets
+
+
 def test_a_renamed_merge_target_loses_our_keys_and_stamps_and_keeps_the_rest() -> None:
     world = merge_world(template={"annotations": {"example.com/ours": "1"}})
     world.sync(5)
@@ -399,16 +412,3 @@ def test_an_earlier_target_held_by_a_finalizer_costs_no_read_per_poll() -> None:
     held, reads_held = renamed_then_polled(finalizer=True)
     assert meta(held).get("deletionTimestamp")
     assert reads_held == renamed_then_polled(finalizer=False)[1]
-
-
-def test_a_renamed_owner_target_whose_reference_was_removed_keeps_no_stale_data() -> None:
-    """Found by the model-based test: without its controller reference the old Owner
-    target was only stripped of stamps, keeping every value (it records no managed keys:
-    all its data is ours)."""
-    world = World()
-    world.sync(5)
-    world.kube.edit_secret(NS, TARGET, metadata={
-        k: v for k, v in meta(world).items() if k != "ownerReferences"})
-    world.edit_target_spec(name="renamed")
-    world.sync(5)
-    assert (NS, TARGET) not in world.kube.secrets

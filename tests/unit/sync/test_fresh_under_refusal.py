@@ -68,3 +68,49 @@ def test_a_force_sync_while_the_source_is_blocked_waits_for_himitsu() -> None:
     status = op.kube.status(NS, "a2")
     assert status.get("lastForceSync") == "1" and _version(op, "a2") == current
     assert op.data("a2")["KEY_0"] == "rotated"
+
+
+def test_a_first_sync_refused_on_data_from_memory_asks_himitsu_at_retry_after() -> None:
+    # Found by the model test ('settled'): a basic-auth target failing on its data backs
+    # off to refreshInterval; the key it needs arrives in Himitsu while the source is
+    # rate limited, and the retry judged memory's old answer and waited another interval.
+    op = Operator()
+    op.add("a1")  # ENV's secrets (no 'username') are in memory
+    op.reconcile("a1")
+    op.add("auth", target_type="kubernetes.io/basic-auth")
+    for _ in range(8):  # InvalidSpec on Himitsu's own answers: the backoff reaches 1m
+        result = op.reconciler.reconcile(f"{NS}/auth")
+        assert result.error == "InvalidSpec" and result.requeue_after is not None
+        op.clock.advance(result.requeue_after)
+    assert result.requeue_after == 60
+    current = op.himitsu.change(ENV, {"username": "app"})
+    op.himitsu.error = himitsu.RateLimited("429", retry_after=5)
+    result = op.reconciler.reconcile(f"{NS}/auth")
+    # Judged on memory's old answer: asked again once Himitsu may be, not in a minute.
+    assert result.error == "InvalidSpec"
+    assert result.requeue_after is not None and result.requeue_after <= 5
+    op.himitsu.error = None
+    op.clock.advance(result.requeue_after)
+    op.reconcile("auth")
+    assert op.data("auth")["username"] == "app" and _version(op, "auth") == current
+
+
+def test_a_first_sync_that_keeps_failing_asks_himitsu_again_not_an_old_shared_answer() -> None:
+    # Found by the model test ('settled'): a first sync that took another reader's answer
+    # is revalidated, but while its write kept failing any answer since that moment was
+    # taken, ever older: the key it needed, added in Himitsu since, never arrived.
+    op = Operator()
+    op.add("a1")
+    op.reconcile("a1")
+    op.add("auth", target_type="kubernetes.io/basic-auth")
+    op.clock.advance(1)
+    assert op.reconciler.reconcile(f"{NS}/auth").error == "InvalidSpec"  # a1's answer
+    op.clock.advance(0.5)
+    op.kube.himitsu_secrets[(NS, "a1")]["metadata"]["annotations"] = {api.ANN_FORCE_SYNC: "1"}
+    op.reconcile("a1")  # another reader's answer, after the revalidation was asked for
+    current = op.himitsu.change(ENV, {"username": "app"})
+    for _ in range(3):
+        op.clock.advance(3)
+        if op.reconciler.reconcile(f"{NS}/auth").error is None:
+            break
+    assert op.data("auth")["username"] == "app" and _version(op, "auth") == current

@@ -132,13 +132,15 @@ _STAMPS = frozenset({
 
 
 def without_ours(secret: Mapping[str, Any], *, name: str, uid: str) -> dict[str, Any]:
-    """``secret`` (a whole Secret this HimitsuSecret merged into) with its keys, stamps
+    """``secret`` (a whole Secret this HimitsuSecret wrote) with its keys, stamps
     and applied template metadata removed: foreign keys, labels and annotations stay."""
     meta = dict(_meta(secret))
     keys = applied(secret, api.ANN_MANAGED_KEYS, name=name, uid=uid)
     if api.ANN_MANAGED_KEYS not in _annotations(secret) and stamped_by(
             secret, name=name, uid=uid) and created_for(secret, name=name, uid=uid):
-        keys = set(secret.get("data") or {})  # an Owner target whose reference was removed
+        # Written as Owner (an Owner write drops the record) into a Secret created for
+        # it: every key is its own, its controller reference pruned or not.
+        keys = set(secret.get("data") or {})
     ann_gone = applied(secret, api.ANN_TEMPLATE_ANNOTATIONS, name=name, uid=uid) | _STAMPS
     label_gone = applied(secret, api.ANN_TEMPLATE_LABELS, name=name, uid=uid) | {
         api.LABEL_MANAGED}
