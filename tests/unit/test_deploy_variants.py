@@ -118,8 +118,9 @@ case "$*" in *"-f -"*) cat >>{stdin};; esac
             stdin.read_text() if stdin.exists() else "")
 
 
-CLUSTER_SHAPE = ("clusterrolebinding/himitsu-operator clusterrolebinding/himitsu-operator-rollout-"
-                 "restart clusterrole/himitsu-operator clusterrole/himitsu-operator-rollout-restart")
+CLUSTER_SHAPE = " ".join(f"{kind}/himitsu-operator{suffix}"
+                         for kind in ("clusterrolebinding", "clusterrole")
+                         for suffix in ("", "-rollout-restart"))
 NAMESPACED_SHAPE = ("role,rolebinding --all-namespaces -l app.kubernetes.io/name=himitsu-operator,"
                     "app.kubernetes.io/managed-by!=Helm --field-selector "
                     "metadata.name!=himitsu-operator-leader-election")
