@@ -123,8 +123,8 @@ define deploy_manifests
 endef
 
 .PHONY: install
-install: ## Apply (or upgrade) the CRD, server-side: what Helm never does for crds/
-	$(KUBECTL) apply --server-side -f deploy/crd/himitsu.io_himitsusecrets.yaml
+install: ## Apply (or upgrade) the CRD, server-side (--force-conflicts: over a CRD Helm created): what Helm never does for crds/
+	$(KUBECTL) apply --server-side --force-conflicts -f deploy/crd/himitsu.io_himitsusecrets.yaml
 
 .PHONY: uninstall-crd
 uninstall-crd: ## DELETES the CRD, every HimitsuSecret, and (garbage collection) every Owner target Secret; CONFIRM=yes
@@ -134,6 +134,27 @@ uninstall-crd: ## DELETES the CRD, every HimitsuSecret, and (garbage collection)
 	  echo "own (creationPolicy Owner targets) that applications may be reading. Merge targets stay." >&2; \
 	  echo "To go ahead: make uninstall-crd CONFIRM=yes" >&2; exit 2; fi
 	$(KUBECTL) delete --ignore-not-found -f deploy/crd/himitsu.io_himitsusecrets.yaml
+
+# The install paths never mix: make deploy and undeploy refuse when an object of theirs
+# (the CRD aside: it is the same) carries Helm's release annotation.
+HELM_OWNED := {{range .items}}{{$$o := .}}{{if ne .kind "CustomResourceDefinition"}}{{with .metadata.annotations}}{{with index . "meta.helm.sh/release-name"}}  {{$$o.kind}} {{$$o.metadata.name}}: Helm release {{.}}{{"\n"}}{{end}}{{end}}{{end}}{{end}}
+# The other shape's grants (cluster-wide vs WATCH_NAMESPACE), removed by deploy and undeploy
+# so switching shapes leaves no wider access behind; the namespaced one may be in any namespace.
+CLUSTER_SHAPE := clusterrolebinding/himitsu-operator clusterrolebinding/himitsu-operator-rollout-restart \
+  clusterrole/himitsu-operator clusterrole/himitsu-operator-rollout-restart
+define refuse_helm_owned
+owned=$$({ $(deploy_manifests); } | $(KUBECTL) get --ignore-not-found -f - -o go-template='$(HELM_OWNED)') \
+  && owned="$$owned$$($(KUBECTL) get --ignore-not-found $(CLUSTER_SHAPE) -o go-template='$(HELM_OWNED)')" \
+  && if [ -n "$$owned" ]; then \
+    printf 'make %s: a Helm release owns objects of these names; use helm for this cluster (never both paths):\n%s' \
+      "$@" "$$owned" >&2; exit 2; fi
+endef
+define delete_other_shape
+$(if $(WATCH_NAMESPACE),$(KUBECTL) delete --ignore-not-found $(CLUSTER_SHAPE),\
+  $(KUBECTL) delete --ignore-not-found role,rolebinding --all-namespaces \
+    -l 'app.kubernetes.io/name=himitsu-operator,app.kubernetes.io/managed-by!=Helm' \
+    --field-selector metadata.name!=himitsu-operator-leader-election)
+endef
 
 .PHONY: deploy
 # $(value): the text as given, so a $(...) in it is refused below, never expanded by make.
@@ -150,18 +171,22 @@ deploy: ## Apply CRD, RBAC and the operator (kustomize: deploy/); HIMITSU_API_UR
 	  echo "make deploy: WATCH_NAMESPACE must be a namespace name (a-z, 0-9, -)" >&2; exit 2;; esac
 	@case "$(ROLLOUT_RESTARTS)" in ""|yes|no) ;; *) \
 	  echo "make deploy: ROLLOUT_RESTARTS is yes or no" >&2; exit 2;; esac
+	@set -o pipefail; $(refuse_helm_owned)
 	set -o pipefail; $(deploy_manifests) | $(KUBECTL) apply -f -
+	$(delete_other_shape)
 
 .PHONY: undeploy
 undeploy: override export WATCH_NAMESPACE := $(value WATCH_NAMESPACE)
 undeploy: override ROLLOUT_RESTARTS := yes
-undeploy: ## Remove the operator (Deployment, Service, RBAC); keeps the CRD, every HimitsuSecret and Secret
+undeploy: ## Remove the operator (Deployment, Service, RBAC of both shapes); keeps the CRD, every HimitsuSecret and Secret
 	@case "$$WATCH_NAMESPACE" in *[!a-z0-9-]*|-*) \
 	  echo "make undeploy: WATCH_NAMESPACE must be a namespace name (a-z, 0-9, -)" >&2; exit 2;; esac
 	@# Only what carries app.kubernetes.io/name=himitsu-operator: never the CRD (deleting it
 	@# deletes every HimitsuSecret) nor the himitsu-system Namespace (it may hold your own).
+	@set -o pipefail; $(refuse_helm_owned)
 	set -o pipefail; $(deploy_manifests) \
 	  | $(KUBECTL) delete --ignore-not-found -l app.kubernetes.io/name=himitsu-operator -f -
+	$(delete_other_shape)
 
 .PHONY: docker-build
 # PYTHON_IMAGE: the Python 3.11 base (the Dockerfile's, pinned by digest); OFFLINE=1: build one locally with
@@ -199,7 +224,7 @@ kind-down: ## Delete it, its docker network, and restore the host's sysctls
 	bash hack/kind/kind.sh down $(KIND_CLUSTER)
 
 .PHONY: e2e-kind
-e2e-kind: venv ## Cluster up, image built and loaded, `make deploy`, the e2e suite in-cluster, cluster down
+e2e-kind: venv ## Cluster up, image built and loaded, the chart installed (helm), the e2e suite in-cluster, cluster down
 	bash hack/kind/kind.sh e2e $(KIND_CLUSTER) $(IMG)
 
 ##@ Benchmarks

@@ -99,13 +99,17 @@ def kubectl_binary() -> str | None:
 def make_deploy(tmp_path: Path, *variables: str, kubectl: str) -> tuple[
         subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     """`make deploy` with a kubectl stand-in that builds with the real kubectl and keeps
-    what it was asked to apply, instead of applying it."""
+    what it was asked to apply, instead of applying it (its get finds nothing, its
+    delete deletes nothing)."""
     applied = tmp_path / "applied.yaml"
     applied.unlink(missing_ok=True)
     stub = tmp_path / "kubectl"
     stub.write_text(f"""#!/bin/sh
-if [ "$1" = kustomize ]; then exec {kubectl} "$@"; fi
-cat >{applied}
+case "$1 $*" in
+  kustomize*) exec {kubectl} "$@";;
+  apply*) cat >{applied};;
+  *"-f -"*) cat >/dev/null;;
+esac
 """)
     stub.chmod(0o755)
     result = subprocess.run(["make", "--no-print-directory", "deploy", f"KUBECTL={stub}",

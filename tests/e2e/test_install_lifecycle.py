@@ -156,12 +156,13 @@ OPERATOR_OBJECTS = [
     "/apis/rbac.authorization.k8s.io/v1/clusterroles/himitsu-operator",
     "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/himitsu-operator",
     "/apis/rbac.authorization.k8s.io/v1/clusterroles/himitsu-operator-rollout-restart",
-    "/apis/rbac.authorization.k8s.io/v1/clusterroles/himitsu-view",
 ]
+DEPLOY_VIEW = "/apis/rbac.authorization.k8s.io/v1/clusterroles/himitsu-view"
+CHART_VIEW = "/apis/rbac.authorization.k8s.io/v1/clusterroles/himitsu-operator-view"
 
 
-def assert_operator_gone(kube: KubeApi) -> None:
-    left = [p for p in OPERATOR_OBJECTS if kube.get_or_none(p) is not None]
+def assert_operator_gone(kube: KubeApi, view: str) -> None:
+    left = [p for p in [*OPERATOR_OBJECTS, view] if kube.get_or_none(p) is not None]
     assert left == [], f"still there: {left}"
 
 
@@ -266,14 +267,25 @@ def test_namespace_users_bound_to_edit_create_and_to_view_only_read(own: KubeApi
 
 
 def old_chart(tmp_path: Path) -> Path:
-    """The chart as an older release shipped it: its CRD without the `hsec` short name."""
+    """The chart as an older release shipped it: its CRD without the `hsec` short name
+    and with another schema (a field Helm sets, so the upgrade must take it over)."""
     chart = tmp_path / "old-chart"
     shutil.copytree(CHART, chart)
     (path,) = (chart / "crds").iterdir()
     crd = yaml.safe_load(path.read_text())
     crd["spec"]["names"].pop("shortNames")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["spec"]["description"] = "an older release's wording"
     path.write_text(yaml.safe_dump(crd))
     return chart
+
+
+def documented_crd_upgrade() -> list[str]:
+    """The command NOTES.txt gives (README and docs give the same), as kubectl args."""
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    (line,) = [ln.split() for ln in notes.splitlines() if "kubectl apply" in ln]
+    assert line[0] == "kubectl" and line[-1] == "charts/himitsu-controller/crds/", line
+    return [*line[1:-1], str(CHART / "crds")]
 
 
 def test_helm_install_crd_upgrade_and_uninstall_keep_every_himitsusecret_and_secret(
@@ -289,7 +301,7 @@ def test_helm_install_crd_upgrade_and_uninstall_keep_every_himitsusecret_and_sec
     kept = synced(own, namespace(own, "helm-apps"), canary)
 
     # The documented upgrade: Helm never touches crds/ again after the install.
-    kubectl(own.kubeconfig, "apply", "--server-side", "-f", str(CHART / "crds"))
+    kubectl(own.kubeconfig, *documented_crd_upgrade())
     shipped = yaml.safe_load((CHART / "crds" / "himitsu.io_himitsusecrets.yaml").read_text())
     upgraded = own.get(CRD)["spec"]
     assert upgraded["names"]["shortNames"] == ["hsec"]
@@ -300,7 +312,7 @@ def test_helm_install_crd_upgrade_and_uninstall_keep_every_himitsusecret_and_sec
     helm(own, tmp_path, "uninstall", "himitsu", "--namespace", SYSTEM, "--wait")
     wait_for(lambda: own.get_or_none(OPERATOR_OBJECTS[0]) is None, timeout=WAIT,
              what="the operator's Deployment gone")
-    assert_operator_gone(own)
+    assert_operator_gone(own, CHART_VIEW)
     assert_still_there(own, kept)
 
 
@@ -308,13 +320,13 @@ def test_make_undeploy_keeps_the_crd_every_himitsusecret_and_secret(
         own: KubeApi, canary: Canary) -> None:
     make(own, "deploy", f"HIMITSU_API_URLS={URL}", "ROLLOUT_RESTARTS=yes")
     crd_established(own)
-    for path in OPERATOR_OBJECTS:
+    for path in [*OPERATOR_OBJECTS, DEPLOY_VIEW]:
         own.get(path)
     kept = synced(own, namespace(own, "kubectl-apps"), canary)
     kept_system = copy.deepcopy(own.get(f"/api/v1/namespaces/{SYSTEM}"))
 
     make(own, "undeploy")
-    assert_operator_gone(own)
+    assert_operator_gone(own, DEPLOY_VIEW)
     assert_still_there(own, kept)
     assert own.get(f"/api/v1/namespaces/{SYSTEM}")["metadata"]["uid"] == (
         kept_system["metadata"]["uid"])
@@ -322,3 +334,57 @@ def test_make_undeploy_keeps_the_crd_every_himitsusecret_and_secret(
     refused = make(own, "uninstall-crd", check=False)
     assert refused.returncode != 0 and "CONFIRM=yes" in refused.stderr
     assert_still_there(own, kept)
+
+
+# ---- the two install paths never mix -------------------------------------------------------
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+
+
+def test_make_deploy_and_undeploy_refuse_to_touch_a_helm_release_s_objects(
+        own: KubeApi, tmp_path: Path) -> None:
+    """Same names (the chart's defaults are deploy/'s): make deploy would rebind the
+    release's ClusterRoleBinding, make undeploy delete its cluster RBAC."""
+    ns = namespace(own, "himitsu-helm")
+    helm(own, tmp_path, "upgrade", "--install", "himitsu", str(CHART), "--namespace", ns,
+         "--set", f"allowedApiUrls={{{URL}}}", "--set", "rolloutRestarts.enabled=true")
+    release = [f"{RBAC}/{kind}/{name}" for kind in ("clusterroles", "clusterrolebindings")
+               for name in ("himitsu-operator", "himitsu-operator-rollout-restart")]
+    release += [f"{RBAC}/clusterroles/himitsu-operator-{r}" for r in ("view", "edit")]
+    try:
+        for target, *variables in (("deploy", f"HIMITSU_API_URLS={URL}"), ("undeploy",)):
+            refused = make(own, target, *variables, check=False)
+            assert refused.returncode != 0, refused.stdout
+            assert "ClusterRoleBinding himitsu-operator: Helm release himitsu" in refused.stderr
+            assert [p for p in release if own.get_or_none(p) is None] == [], target
+            binding = own.get(f"{RBAC}/clusterrolebindings/himitsu-operator")
+            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "himitsu-operator",
+                                            "namespace": ns}], binding["subjects"]
+    finally:
+        helm(own, tmp_path, "uninstall", "himitsu", "--namespace", ns, "--wait", check=False)
+
+
+def _may_list_secrets_in(kube: KubeApi, ns: str) -> bool:
+    review = kube.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": f"system:serviceaccount:{SYSTEM}:himitsu-operator",
+                 "resourceAttributes": {"namespace": ns, "resource": "secrets",
+                                        "verb": "list"}}})
+    return bool(review["status"].get("allowed"))
+
+
+def test_switching_make_deploy_to_one_namespace_leaves_no_cluster_wide_secret_access(
+        own: KubeApi) -> None:
+    namespace(own, "apps")
+    try:
+        make(own, "deploy", f"HIMITSU_API_URLS={URL}", "ROLLOUT_RESTARTS=yes")
+        make(own, "deploy", f"HIMITSU_API_URLS={URL}", "WATCH_NAMESPACE=apps")
+        assert not _may_list_secrets_in(own, "kube-system")
+        assert _may_list_secrets_in(own, "apps")
+        make(own, "deploy", f"HIMITSU_API_URLS={URL}")  # and back: no Role left in apps
+        assert own.get_or_none(f"{RBAC}/namespaces/apps/rolebindings/himitsu-operator") is None
+    finally:  # undeploy of either shape removes both
+        make(own, "undeploy", "WATCH_NAMESPACE=apps")
+        left = [p for p in OPERATOR_OBJECTS if own.get_or_none(p) is not None]
+        make(own, "undeploy")
+    assert left == [], f"make undeploy WATCH_NAMESPACE=apps left {left}"

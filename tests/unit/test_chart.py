@@ -27,6 +27,7 @@ from installs import (
     ROOT,
     chart_with,
     expected_grants,
+    helm_binary,
     helm_template,
     objects,
     one,
@@ -97,7 +98,7 @@ def test_app_version_is_the_package_version() -> None:
 def _features(values: dict[str, Any]) -> dict[str, Any]:
     return {"watch": values.get("watchNamespace") or None,
             "restarts": bool((values.get("rolloutRestarts") or {}).get("enabled")),
-            "leader": int(values.get("replicaCount", 2)) > 1,
+            "leader": True,
             "secure": bool((values.get("metricsSecure") or {}).get("enabled"))}
 
 
@@ -109,7 +110,7 @@ def test_each_value_set_grants_exactly_what_its_features_need(name: str) -> None
     if values.get("watchNamespace"):
         assert objects(docs, "ClusterRoleBinding") == []
         assert {r["metadata"]["name"] for r in objects(docs, "ClusterRole")} == {
-            "himitsu-view", "himitsu-edit"}
+            "himitsu-operator-view", "himitsu-operator-edit"}
 
 
 @pytest.mark.parametrize(("args", "features"), [
@@ -118,8 +119,8 @@ def test_each_value_set_grants_exactly_what_its_features_need(name: str) -> None
                                                  "leader": True}),
     (("--set", "watchNamespace=apps"), {"watch": "apps", "restarts": False, "leader": True}),
     (("--set", "watchNamespace=apps", "--set", "rolloutRestarts.enabled=true",
-      "--set", "replicaCount=1"), {"watch": "apps", "restarts": True, "leader": False}),
-    (("--set", "replicaCount=1"), {"watch": None, "restarts": False, "leader": False}),
+      "--set", "replicaCount=1"), {"watch": "apps", "restarts": True, "leader": True}),
+    (("--set", "replicaCount=1"), {"watch": None, "restarts": False, "leader": True}),
     (("--set", "metricsSecure.enabled=true", "--set", "watchNamespace=apps"),
      {"watch": "apps", "restarts": False, "leader": True, "secure": True}),
 ])
@@ -136,8 +137,10 @@ def test_the_chart_s_rules_equal_deploy_rbac_s() -> None:
          "deploy/components/rollout-restarts/role.yaml"),
         (one(docs, "Role", "himitsu-operator-leader-election"),
          "deploy/rbac/leader_election_role.yaml"),
-        (one(docs, "ClusterRole", "himitsu-view"), "deploy/rbac/aggregate/himitsu_view.yaml"),
-        (one(docs, "ClusterRole", "himitsu-edit"), "deploy/rbac/aggregate/himitsu_edit.yaml"),
+        (one(docs, "ClusterRole", "himitsu-operator-view"),
+         "deploy/rbac/aggregate/himitsu_view.yaml"),
+        (one(docs, "ClusterRole", "himitsu-operator-edit"),
+         "deploy/rbac/aggregate/himitsu_edit.yaml"),
     ]
     for rendered, source in pairs:
         shipped = deploy_doc(source)
@@ -152,7 +155,8 @@ def test_the_chart_s_rules_equal_deploy_rbac_s() -> None:
 
 def test_aggregated_roles_read_for_view_and_write_for_edit_and_admin() -> None:
     docs = render(*BASE)
-    view, edit = one(docs, "ClusterRole", "himitsu-view"), one(docs, "ClusterRole", "himitsu-edit")
+    view = one(docs, "ClusterRole", "himitsu-operator-view")
+    edit = one(docs, "ClusterRole", "himitsu-operator-edit")
     assert view["rules"] == [{"apiGroups": ["himitsu.io"], "resources": ["himitsusecrets"],
                               "verbs": ["get", "list", "watch"]}]
     assert edit["rules"][0]["verbs"] == [
@@ -192,17 +196,68 @@ def test_the_pod_is_deploy_manager_s_pod() -> None:
     assert f"--allowed-api-urls={URL}" in got["args"]
 
 
-def test_leader_election_whenever_more_than_one_replica() -> None:
-    two = render(*BASE)
-    assert "--leader-elect" in _manager(two)["args"]
-    assert one(two, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
-    single = render(*BASE, "--set", "replicaCount=1")
-    assert "--leader-elect" not in _manager(single)["args"]
-    # Without a Lease, a rolling update would run two operators at once.
-    assert one(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
-    assert not [r for r in objects(single, "Role") if "leader" in r["metadata"]["name"]]
-    lease_rules = one(two, "Role", "himitsu-operator-leader-election")["rules"]
+def _lease_id(args: list[str]) -> str:
+    (lease,) = [a.split("=", 1)[1] for a in args if a.startswith("--leader-election-id=")]
+    return lease
+
+
+@pytest.mark.parametrize("replicas", ["1", "2", "3"])
+def test_every_replica_count_elects_and_rolls_so_one_replica_works_at_a_time(
+        replicas: str) -> None:
+    """Any count, and any change of count (1 -> 2 runs the old pod beside new ones while
+    they roll): every pod elects on the one Lease its Role names, so only one works."""
+    docs = render(*BASE, "--set", f"replicaCount={replicas}")
+    args = _manager(docs)["args"]
+    assert "--leader-elect" in args and _lease_id(args) == LEASE
+    assert one(docs, "Deployment")["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    lease_rules = one(docs, "Role", "himitsu-operator-leader-election")["rules"]
     assert [r.get("resourceNames") for r in lease_rules] == [[LEASE], None]
+
+
+def test_leader_election_id_names_the_lease_in_the_arg_and_its_role() -> None:
+    docs = render(*BASE, "--set", "leaderElection.id=team-a.example.com")
+    assert _lease_id(_manager(docs)["args"]) == "team-a.example.com"
+    lease_rules = one(docs, "Role", "himitsu-operator-leader-election")["rules"]
+    assert [r.get("resourceNames") for r in lease_rules] == [["team-a.example.com"], None]
+
+
+@pytest.mark.parametrize("extra", ['["--leader-elect"]', '["--leader-election-id=other"]',
+                                   '["--leader-elect=false"]'])
+def test_the_schema_refuses_leader_election_flags_in_extra_args(extra: str) -> None:
+    """They would elect on a Lease the chart's Role does not name (a standby forever)."""
+    result = helm_template(*BASE, "--set-json", f"extraArgs={extra}", check=False)
+    assert result.returncode != 0 and "extraArgs" in result.stderr, result.stdout[-300:]
+
+
+def _release(release: str, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run([helm_binary(), "template", release, str(CHART), "--namespace",
+                          RELEASE_NAMESPACE, *BASE, *args], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_a_second_release_with_its_own_fullname_shares_no_cluster_object_or_lease() -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    first = _release("himitsu", "--set", "rolloutRestarts.enabled=true",
+                     "--set", "metricsSecure.enabled=true")
+    second = _release("team-a", "--set", "fullnameOverride=himitsu-team-a",
+                      "--set", "rolloutRestarts.enabled=true",
+                      "--set", "metricsSecure.enabled=true")
+    names = [{(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in cluster_scoped}
+             for docs in (first, second)]
+    assert names[0] and names[0] & names[1] == set()
+    assert _lease_id(_manager(first)["args"]) != _lease_id(_manager(second)["args"])
+    assert _lease_id(_manager(second)["args"]) == "himitsu-team-a.himitsu.io"
+
+
+def test_image_digest_pins_the_image_and_a_digest_is_no_tag() -> None:
+    digest = "sha256:" + "0" * 64
+    pinned = render(*BASE, "--set", f"image.digest={digest}", "--set", "image.tag=0.1.0")
+    assert _manager(pinned)["image"] == f"ghcr.io/himitsu-io/himitsu-controller@{digest}"
+    for tag in (digest, "0.1.0@" + digest, "a/b", "-x"):
+        result = helm_template(*BASE, "--set", f"image.tag={tag}", check=False)
+        assert result.returncode != 0 and "image" in result.stderr, tag
 
 
 def test_values_reach_the_pod() -> None:

@@ -97,15 +97,18 @@ def test_undeploy_s_selector_takes_all_but_the_crd_and_the_namespace(
                             ("Namespace", "himitsu-system")]
 
 
-def _make_with_stub(tmp_path: Path, target: str, *variables: str,
+def _make_with_stub(tmp_path: Path, target: str, *variables: str, found: str = "",
                     ) -> tuple[subprocess.CompletedProcess[str], str, str]:
-    """`make <target>` with a kubectl that builds for real and records the rest."""
+    """`make <target>` with a kubectl that builds for real and records the rest; its
+    `get` prints `found`."""
     calls, stdin = tmp_path / "calls", tmp_path / "stdin"
     stub = tmp_path / "kubectl"
     stub.write_text(f"""#!/bin/sh
 if [ "$1" = kustomize ]; then exec {KUBECTL} "$@"; fi
-echo "$@" >>{calls}
-cat >>{stdin}
+echo "$1" >>{calls}
+if [ "$1" = get ]; then printf '%s' '{found}'; fi
+if [ "$1" = delete ]; then echo "$@" >>{calls}; fi
+case "$*" in *"-f -"*) cat >>{stdin};; esac
 """)
     stub.chmod(0o755)
     result = subprocess.run(["make", "--no-print-directory", target, f"KUBECTL={stub}",
@@ -115,12 +118,48 @@ cat >>{stdin}
             stdin.read_text() if stdin.exists() else "")
 
 
-def test_make_undeploy_deletes_by_the_operator_s_label_only(tmp_path: Path) -> None:
-    result, calls, stdin = _make_with_stub(tmp_path, "undeploy")
+CLUSTER_SHAPE = " ".join(f"{kind}/himitsu-operator{suffix}"
+                         for kind in ("clusterrolebinding", "clusterrole")
+                         for suffix in ("", "-rollout-restart"))
+NAMESPACED_SHAPE = ("role,rolebinding --all-namespaces -l app.kubernetes.io/name=himitsu-operator,"
+                    "app.kubernetes.io/managed-by!=Helm --field-selector "
+                    "metadata.name!=himitsu-operator-leader-election")
+
+
+@pytest.mark.parametrize(("variables", "other_shape"), [
+    ((), NAMESPACED_SHAPE), (("WATCH_NAMESPACE=apps",), CLUSTER_SHAPE)])
+def test_make_undeploy_deletes_by_the_operator_s_label_and_the_other_shape_s_grants(
+        tmp_path: Path, variables: tuple[str, ...], other_shape: str) -> None:
+    result, calls, stdin = _make_with_stub(tmp_path, "undeploy", *variables)
     assert result.returncode == 0, result.stderr
-    assert calls.splitlines() == [f"delete --ignore-not-found -l {UNDEPLOY_SELECTOR} -f -"]
+    deletes = [c for c in calls.splitlines() if c.startswith("delete ")]
+    assert deletes == [f"delete --ignore-not-found -l {UNDEPLOY_SELECTOR} -f -",
+                       f"delete --ignore-not-found {other_shape}"]
     # What it hands over includes the rollout-restart RBAC, enabled or not.
     assert "name: himitsu-operator-rollout-restart" in stdin
+
+
+@pytest.mark.parametrize(("variables", "other_shape"), [
+    ((), NAMESPACED_SHAPE), (("WATCH_NAMESPACE=apps",), CLUSTER_SHAPE)])
+def test_switching_make_deploy_s_shape_removes_the_other_shape_s_grants(
+        tmp_path: Path, variables: tuple[str, ...], other_shape: str) -> None:
+    result, calls, _ = _make_with_stub(tmp_path, "deploy", f"HIMITSU_API_URLS={URLS}",
+                                       *variables)
+    assert result.returncode == 0, result.stderr
+    assert [c for c in calls.splitlines() if c.startswith("delete ")] == [
+        f"delete --ignore-not-found {other_shape}"]
+    assert calls.splitlines().index("apply") < calls.splitlines().index("delete")
+
+
+@pytest.mark.parametrize("target", ["deploy", "undeploy"])
+def test_make_deploy_and_undeploy_refuse_objects_a_helm_release_owns(
+        tmp_path: Path, target: str) -> None:
+    result, calls, _ = _make_with_stub(
+        tmp_path, target, f"HIMITSU_API_URLS={URLS}",
+        found="  ClusterRoleBinding himitsu-operator: Helm release himitsu")
+    assert result.returncode == 2
+    assert "ClusterRoleBinding himitsu-operator: Helm release himitsu" in result.stderr
+    assert "apply" not in calls and "delete" not in calls, calls
 
 
 def test_make_uninstall_crd_says_what_it_deletes_and_needs_confirm(tmp_path: Path) -> None:
@@ -130,5 +169,5 @@ def test_make_uninstall_crd_says_what_it_deletes_and_needs_confirm(tmp_path: Pat
     assert "garbage collection" in result.stderr and "CONFIRM=yes" in result.stderr
     result, calls, _ = _make_with_stub(tmp_path, "uninstall-crd", "CONFIRM=yes")
     assert result.returncode == 0, result.stderr
-    assert calls.splitlines() == [
+    assert [c for c in calls.splitlines() if c.startswith("delete ")] == [
         "delete --ignore-not-found -f deploy/crd/himitsu.io_himitsusecrets.yaml"]

@@ -1,4 +1,6 @@
-{{/* The objects' name: himitsu-operator, as deploy/ names them (the Lease, the roles). */}}
+{{/* The objects' name: himitsu-operator, as deploy/ names them, unless fullnameOverride.
+Every cluster-scoped object's name and the Lease's start with it: a second release with
+another fullnameOverride shares nothing with the first. */}}
 {{- define "himitsu.fullname" -}}
 {{- default "himitsu-operator" .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
 {{- end -}}
@@ -42,7 +44,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- join "," $urls -}}
 {{- end -}}
 
-{{/* The namespace the operator's rules apply in: watchNamespace, else none (cluster). */}}
-{{- define "himitsu.leaderElect" -}}
-{{- if gt (int .Values.replicaCount) 1 -}}true{{- end -}}
+{{/* The leader-election Lease's name: leaderElection.id, else <fullname>.himitsu.io. */}}
+{{- define "himitsu.leaseName" -}}
+{{- default (printf "%s.himitsu.io" (include "himitsu.fullname" .)) .Values.leaderElection.id -}}
+{{- end -}}
+
+{{/* An image reference: repository@digest, else repository:tag (appVersion by default). */}}
+{{- define "himitsu.image" -}}
+{{- with .Values.image -}}
+{{- if .digest -}}{{ .repository }}@{{ .digest }}
+{{- else -}}{{ .repository }}:{{ .tag | default $.Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
 {{- end -}}
