@@ -1,9 +1,11 @@
-"""rolloutRestartTargets on a real apiserver (issue 16): a Deployment consuming the target
-is restarted (its pod template's himitsu.io/restartedAt changes) exactly once per data
-change, never on a 304 poll, a repair or a force-sync that changes nothing; three quick
-rotations are one restart; a workload that does not read the Secret (a secret volume no
-container mounts does not count) is warned about and left alone, unless its owner allows
-the HimitsuSecret on the workload itself (himitsu.io/allow-restart-by).
+"""rolloutRestartTargets on a real apiserver (issues 16, 22): a Deployment consuming the
+target records the data id its pods were started with (himitsu.io/started-with, the
+target's himitsu.io/data-id) and is restarted (its pod template's himitsu.io/restartedAt
+changes, in the same patch as the record) exactly once per data change, never on a 304
+poll, a repair or a force-sync that changes nothing; three quick rotations are one
+restart; a workload that does not read the Secret (a secret volume no container mounts
+does not count) is warned about and left alone, unless its owner allows the
+HimitsuSecret on the workload itself (himitsu.io/allow-restart-by).
 
 The local control plane runs no kubelet, so no pod starts: what is proved is the template
 annotation (what `kubectl rollout restart` changes) and the Deployment's
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from himitsu_controller import api
+from himitsu_controller.sync.restarts.scheduler import record_of
 
 from .harness import Harness, hsec_body
 from .kubehelp import hsec_path, wait_for
@@ -61,12 +64,19 @@ class Rollout:
                             rolloutRestartTargets=[{"kind": "Deployment", "name": WEB}])
         h.kube.create(hsec_path(ns), body)
         h.wait_ready(ns, "app")
-        wait_for(lambda: self.entry().get("dataMac"), timeout=30,
-                 what="status.rolloutRestarts to record the data the pods have")
+        if reads == "app-secrets":  # a workload that may not be restarted is never touched
+            wait_for(self.recorded, timeout=30,
+                     what="the Deployment to record the data its pods have")
 
     def workload(self) -> dict[str, Any]:
         found: dict[str, Any] = self.h.kube.get(deployment_path(self.ns, WEB))
         return found
+
+    def recorded(self) -> bool:
+        """The Deployment's record names the data id the target holds."""
+        secret = self.h.kube.get(f"/api/v1/namespaces/{self.ns}/secrets/app-secrets")
+        held = (secret["metadata"].get("annotations") or {}).get(api.ANN_DATA_ID)
+        return bool(held) and record_of(self.workload()).get("app") == held
 
     def restarts(self) -> int:
         """Every change of the Deployment's spec so far: the restarts, by anyone."""
@@ -115,7 +125,7 @@ def test_one_restart_per_data_change_and_none_for_polls_repairs_or_force_syncs(
     first = wait_for(rollout.restarted_at, timeout=30, what="the restart for the change")
     rollout.polls_pass(4)
     assert (rollout.restarts(), rollout.restarted_at()) == (1, first)
-    assert "pendingSince" not in rollout.entry() and rollout.entry()["lastRestart"]
+    assert rollout.recorded() and rollout.entry()["lastRestart"]
 
     rollout.rotate("second")
     wait_for(lambda: rollout.restarted_at() != first, timeout=30, what="the second restart")
@@ -131,7 +141,7 @@ def test_three_quick_rotations_are_one_restart(h: Harness, ns: str) -> None:
         rollout.rotate(tag)  # each reaches the Secret (a poll of its own) before the next
     wait_for(rollout.restarted_at, timeout=30, what="the restart for the three changes")
     rollout.polls_pass(10)  # past another window
-    assert rollout.restarts() == 1
+    assert rollout.restarts() == 1 and rollout.recorded()
 
 
 def test_a_workload_not_reading_the_secret_is_warned_about_and_not_restarted(

@@ -1,18 +1,23 @@
-"""The model's restart oracle (issue 16): the HimitsuSecrets of even slots ``h<slot>`` name
+"""The model's restart oracle (issue 22): the HimitsuSecrets of even slots ``h<slot>`` name
 Deployment ``w<slot>``, whose pods read the target ``t<slot>`` (half of them: what the
 model costs stays within its time budget, and the others prove nothing changes without).
 
-The oracle keeps the data ``w<slot>``'s pods were last started with: the rendering the
-target held when the HimitsuSecret's rolloutRestarts entry was first recorded (the
-documented baseline: an entry seen for the first time takes the data as the pods have
-it; a new token changes nothing), unless its first sync changed a target that existed
-(the pods have what it held before: a restart is owed), then the rendering at each
-restart. Computed from Himitsu's history and the spec (``render``), never from the
-operator's record. Checked:
+The oracle keeps the data ``w<slot>``'s pods were last started with, computed from
+Himitsu's history and the spec (``render``), never from the operator's record: from the
+moment the workload is first given a record for ``h<slot>`` (the documented baseline:
+a workload first named has what its target holds then; "not ours" while the target holds
+no rendering of ``h<slot>``, as a Merge target's first sync finds), then the rendering at
+each restart. Checked (``restart``):
 
-* ``restart``: a restart (a patch of the Deployment) happens only while the target's
-  rendering differs from what the pods have; after a quiet period, the pods of every
-  Ready HimitsuSecret have its target's rendering (no restart owed is lost).
+* a restart (a patch of the pod template) happens only while the target's rendering
+  differs from what the pods have, except after the accepted trade (the target created
+  anew, or the operator restarted while a change was owed: it cannot know the bytes
+  came back), and never within ``WINDOW`` of the workload's previous restart;
+* while a restart is owed, the HimitsuSecret has a wake no later than the window after
+  the change reached the Secret, or after the operator (re)started (a crash or a new
+  leader: "at once"), never sooner than a window after the last restart; a Kubernetes
+  fault since excuses it (its retries back off);
+* after a quiet period, the pods of every Ready HimitsuSecret have its target's rendering.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ if TYPE_CHECKING:
 
 NS = "apps"
 WINDOW = "3s"  # the HimitsuSecrets' minRestartInterval
+WINDOW_S = 3.0
+SLACK = 1.0  # seconds: requests' latency between the write and the operator's clock read
+NOT_OURS = {"": "not a rendering of this HimitsuSecret"}
 
 
 def workload(slot: int) -> dict[str, Any]:
@@ -50,38 +58,74 @@ class RolloutOracle:
     def __init__(self, world: World, violation: Callable[[str], None]) -> None:
         self.world = world
         self.violation = violation
-        self.pods: dict[str, dict[str, str] | None] = {}  # h<slot> -> rendering; None: unknown
-        self.before: dict[str, Any] = {}  # h<slot> -> its target's data before its first sync
+        self.pods: dict[str, dict[str, str]] = {}  # h<slot> -> the rendering its pods have
+        self.owed: dict[str, float] = {}  # h<slot> -> since when the target differs (sim s)
+        self.excused: set[str] = set()  # h<slot> whose next restart may be a needless one
+        self.restarted_at: dict[str, float] = {}
+        self.started = 0.0  # when the current operator process started
+        self.faulted = -1.0  # when a Kubernetes fault was last served
+        self._patch: Mapping[str, Any] = {}
 
-    def reset(self, name: str) -> None:
-        """A new HimitsuSecret in the slot, or a new token: the baseline is taken anew."""
-        self.pods[name] = None
-        self.before.pop(name, None)
+    def process_started(self) -> None:
+        self.started = self.world.clock.t
+        self.excused.update(self.owed)  # a change put back now gets a new id
 
-    def secret_written(self, target: str, prior: Mapping[str, Any]) -> None:
-        """An update or replacement of target ``t<slot>`` that existed, by its
-        HimitsuSecret's first sync (no configVersion yet): what its pods read before."""
-        name = "h" + target.removeprefix("t")
-        obj = self.world.server.get(HSEC, NS, name)
-        if obj is not None and self.pods.get(name) is None and \
-                "configVersion" not in (obj.get("status") or {}):
-            self.before.setdefault(name, prior.get("data") or {})
+    def fault(self) -> None:
+        self.faulted = self.world.clock.t
 
-    def status_written(self, name: str, stored: Mapping[str, Any]) -> None:
-        if self.pods.get(name) is None and (stored.get("status") or {}).get("rolloutRestarts"):
-            # What the pods read before that first sync: no rendering of this source.
-            target = self.world.server.get(SECRET, NS, f"t{name[1:]}") or {}
-            changed = name in self.before and self.before[name] != (target.get("data") or {})
-            self.pods[name] = {"": "before the first sync"} if changed else self.rendering(name)
+    def patching(self, body: Mapping[str, Any] | None) -> None:
+        self._patch = body or {}
 
-    def restarted(self, workload_name: str) -> None:
+    def workload_patched(self, workload_name: str) -> None:
         name = "h" + workload_name.removeprefix("w")
-        now = self.rendering(name)
-        before = self.pods.get(name)
-        if before is not None and now == before:
+        now, t = self.rendering(name), self.world.clock.t
+        if "spec" not in self._patch:  # only a record: the baseline, if it is the first
+            self.pods.setdefault(name, NOT_OURS if now is None else now)
+            self._note(name)
+            return
+        if name not in self.excused and self.pods.get(name) == now:
             self.violation(f"restart: {workload_name} restarted although its pods have the "
                            f"data its target {name}'s rendering holds (keys {sorted(now or {})})")
-        self.pods[name] = now
+        last = self.restarted_at.get(name)
+        if last is not None and t - last < WINDOW_S - 1e-3:
+            self.violation(f"restart: {workload_name} restarted {t - last:.3f} s after its "
+                           f"previous restart, within minRestartInterval {WINDOW}")
+        self.pods[name] = NOT_OURS if now is None else now
+        self.restarted_at[name] = t
+        self.excused.discard(name)
+        self.owed.pop(name, None)
+
+    def target_written(self, target: str, method: str) -> None:
+        name = "h" + target.removeprefix("t")
+        if method == "POST":
+            self.excused.add(name)  # the trade: a target created anew may cost a restart
+        self._note(name)
+
+    def _note(self, name: str) -> None:
+        if name not in self.pods:
+            return
+        if (self.rendering(name) or NOT_OURS) == self.pods[name]:
+            self.owed.pop(name, None)
+        else:
+            self.owed.setdefault(name, self.world.clock.t)
+
+    def due_problems(self) -> list[str]:
+        """Every restart owed has its wake in time (see the module docstring)."""
+        process, problems = self.world.process, []
+        assert process is not None
+        for name, since in self.owed.items():
+            if since <= self.faulted or self.world.server.get(HSEC, NS, name) is None:
+                continue
+            limit = max(since + WINDOW_S, self.started,
+                        self.restarted_at.get(name, -WINDOW_S) + WINDOW_S) + SLACK
+            wake = process.wake_of(f"{NS}/{name}")
+            at = None if wake is None else wake - self.world.clock.epoch() + self.world.clock.t
+            if wake is None or (wake != 0.0 and at is not None and at > limit):
+                problems.append(f"restart: {name} owes w{name[1:]} a restart since "
+                                f"t={since:.3f}s, but its next wake is "
+                                f"{'none' if at is None else f't={at:.3f}s'} (due by "
+                                f"t={limit:.3f}s)")
+        return problems
 
     def rendering(self, name: str) -> dict[str, str] | None:
         """The rendering of Himitsu's data at the version the target's annotation names."""
@@ -110,9 +154,12 @@ class RolloutOracle:
             name = obj["metadata"]["name"]
             ready = [c for c in (obj.get("status") or {}).get("conditions") or []
                      if c.get("type") == "Ready" and c.get("status") == "True"]
-            pods = self.pods.get(name)
-            named = (obj.get("spec") or {}).get("rolloutRestartTargets")  # none: no one's
-            if ready and named and pods is not None and pods != self.rendering(name):
+            if not ready or not (obj["spec"].get("rolloutRestartTargets")):
+                continue
+            if name not in self.pods:
+                problems.append(f"restart: after a quiet period w{name[1:]} has no record "
+                                f"of the data its pods have for {name}")
+            elif self.pods[name] != self.rendering(name):
                 problems.append(f"restart: after a quiet period w{name[1:]}'s pods still have "
                                 f"older data than {name}'s target")
         return problems

@@ -1,0 +1,185 @@
+"""When a HimitsuSecret's workloads owe a restart: the data their pods were started with.
+
+Each write of other bytes to a target stamps a random data id on it (``himitsu.io/data-id``,
+``data_id``); each named workload records in its own annotations the id its pods were
+started with, per HimitsuSecret (``scheduler.record_of``). A restart is owed exactly while
+the two differ. A workload without a record gets one without a restart (what its pods
+have: the target's id; "-", data not ours, when a first sync changes a Secret that
+existed or ``rolloutRestartOnCreate`` asks), before the write that changes the bytes
+(``before_change``): a crash between that write and the restart loses nothing, and a new
+leader finds the truth on the workload and the target. docs/design/restarts.md: why an id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from secrets import token_hex
+from typing import Any
+
+import structlog
+
+from himitsu_controller import api, metrics
+from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync.context import Context
+from himitsu_controller.sync.memory import Memory
+from himitsu_controller.sync.polling import schedule
+from himitsu_controller.sync.ports import Kube, KubeError
+from himitsu_controller.sync.restarts.scheduler import Claim, Key, Scheduler, stamp
+from himitsu_controller.sync.status import StatusWriter, bounded
+from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_data
+
+__all__ = ["Restarts", "data_id", "learn"]
+
+log = structlog.get_logger(__name__)
+NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did not write
+
+
+def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
+    """The id to stamp for data ``digest``: the target's while it records these bytes,
+    else the one this process stamped for them last (a change put back), else a new one."""
+    ann = annotations_of(target)
+    if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
+        return ann[api.ANN_DATA_ID]
+    return dict(mem.data_ids).get(digest) or token_hex(8)
+
+
+def learn(mem: Memory, secret: Mapping[str, Any] | None, *, since: float | None = None) -> None:
+    """The target holds ``secret``'s data id, since ``since`` (None: since before we looked)."""
+    ann = annotations_of(secret)
+    new, digest = ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH)
+    if new and new != mem.data_id:
+        mem.data_id, mem.data_since = new, since
+    if new and digest:
+        mem.data_ids = ((digest, new), *(p for p in mem.data_ids if p[0] != digest))[:4]
+
+
+class Restarts:
+    def __init__(self, kube: Kube, status: StatusWriter, *, now: Callable[[], float]) -> None:
+        self._kube, self._status, self._now = kube, status, now
+        self.scheduler = Scheduler(kube, now=now, current=self._current)
+
+    def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
+                      ) -> None:
+        """A write is about to put other bytes in ``target``: each named workload without
+        a record gets one, what its pods have now (none can have read a missing target)."""
+        ann, first = annotations_of(target), ctx.status.config_version is None
+        if target is None and not (first and spec.rollout.on_create):
+            return
+        ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and ann.get(api.ANN_DATA_ID)
+        value = ann[api.ANN_DATA_ID] if ours and not (first and spec.rollout.on_create) \
+            else NOT_OURS
+        for t in (t for t in spec.rollout.targets if t.supported):
+            try:
+                self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
+                                        spec.target.name, value)
+            except KubeError as exc:  # then it gets the new data's id: one restart less
+                log.warning("recording a workload failed", key=ctx.key, error=str(exc))
+
+    def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:
+        """``result`` (whatever the sync did), woken in time for the restarts owed."""
+        try:
+            wake = self._step(ctx, spec, mem)
+        except KubeError as exc:  # the status patch: retried
+            log.warning("rollout status update failed", key=ctx.key, error=str(exc))
+            wake = self._now() + 1.0
+        if wake is None:
+            return result
+        delay = schedule.requeue_delay(self._now(), wake)
+        if result.requeue_after is not None and 0 < result.requeue_after <= delay:
+            return result
+        return Result(requeue_after=delay, error=result.error)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.scheduler.release(namespace, name)
+
+    def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
+        ns, named = ctx.owner.namespace, spec.rollout.targets
+        self.scheduler.release(ns, ctx.owner.name,
+                               keep=frozenset((ns, t.kind, t.name) for t in named))
+        previous = self._status.rollout_entries(ctx.key, ctx.obj)
+        held = mem.data_id or self._held(ctx, spec, mem)
+        if held is None and named:
+            return None  # what the target holds is not known: nothing is decided
+        old = {(e.get("kind"), e.get("name")): e for e in previous}
+        entries: list[dict[str, Any]] = []
+        wakes: list[float] = []
+        for t in named:
+            before: Mapping[str, Any] = old.get((t.kind, t.name), {})
+            entry = {"kind": t.kind, "name": t.name, **{
+                k: before[k] for k in ("lastRestart", "warning") if k in before}}
+            if not t.supported:
+                entry["warning"] = (f"kind {t.kind!r} cannot be restarted: only "
+                                    f"{', '.join(api.WORKLOAD_KINDS)}")
+            elif (mem.workloads or {}).get((t.kind, t.name)) == held:  # owed nothing
+                self.scheduler.withdraw((ns, t.kind, t.name), ctx.owner.name)
+            else:
+                wake = self._settle(ctx, spec, mem, key=(ns, t.kind, t.name), held=str(held),
+                                    entry=entry)
+                wakes += [wake] if wake is not None else []
+            self._report(ctx.obj, t, spec.target.name, before, entry)
+            entries.append(entry)
+        self._status.rollouts(ctx.key, ctx.obj, entries)
+        return min(wakes, default=None)
+
+    def _settle(self, ctx: Context, spec: api.Spec, mem: Memory, *, key: Key, held: str,
+                entry: dict[str, Any]) -> float | None:
+        first = ctx.status.config_version is None and spec.rollout.on_create
+        out = self.scheduler.settle(key, Claim(
+            holder=ctx.owner.name, secret=spec.target.name, data_id=held, since=mem.data_since,
+            window=spec.rollout.min_interval, baseline=NOT_OURS if first else held))
+        if out.state in ("waiting", "failed"):
+            if out.message:
+                entry["warning"] = bounded(out.message)
+            return out.at
+        entry.pop("warning", None)
+        if out.message:
+            entry["warning"] = bounded(out.message)
+        elif out.at:
+            entry["lastRestart"] = stamp(out.at)
+        mem.workloads = {**(mem.workloads or {}), key[1:]: held}  # nothing more owed for it
+        return None
+
+    def _held(self, ctx: Context, spec: api.Spec, mem: Memory) -> str | None:
+        """The id of the data the target holds: as written or seen here, else as the cached
+        target shows it when it holds what we wrote (a failing Himitsu holds nothing back)."""
+        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
+        if holds_own_data(target, owner=ctx.owner, spec=spec):
+            learn(mem, target)
+        return mem.data_id
+
+    def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
+        """Every HimitsuSecret naming the workload: its target, and the id it holds (read
+        directly: memory and caches may lag a write whose answer was lost)."""
+        found: dict[str, tuple[str, str | None]] = {}
+        for obj in self._kube.list_himitsu_secrets():
+            meta = obj.get("metadata") or {}
+            try:
+                spec = api.parse_spec(obj) if meta.get("namespace") == key[0] else None
+            except api.InvalidSpec:
+                continue
+            if spec and any((t.kind, t.name) == key[1:] for t in spec.rollout.targets):
+                owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid")))
+                target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
+                held = holds_own_data(target, owner=owner, spec=spec)
+                found[owner.name] = (spec.target.name, annotations_of(target).get(
+                    api.ANN_DATA_ID) if held else None)
+        return found
+
+    def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
+                before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+        """An Event when a restart was made for this object, or a warning appears."""
+        if after.get("lastRestart") and after.get("lastRestart") != before.get("lastRestart"):
+            self._event(obj, "Normal", "RolloutRestarted", f"Restarted {target.kind} "
+                        f"{target.name!r}: the data of Secret {secret!r} changed")
+        warning = str(after.get("warning") or "")
+        if warning and warning != before.get("warning"):
+            if not target.supported:
+                metrics.count_rollout("skipped_kind")
+            self._event(obj, "Warning", "RolloutRestartFailed" if warning.startswith(
+                "restarting") else "RolloutRestartSkipped", warning)
+
+    def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        try:
+            self._kube.record_event(obj, type=kind, reason=reason, message=message)
+        except Exception as exc:  # best effort, as every Event
+            log.warning("recording event failed", reason=reason, error=type(exc).__name__)
