@@ -104,7 +104,8 @@ class RolloutOracle:
     def _note(self, name: str) -> None:
         if name not in self.pods:
             return
-        if (self.rendering(name) or NOT_OURS) == self.pods[name]:
+        now = self.rendering(name)
+        if (NOT_OURS if now is None else now) == self.pods[name]:
             self.owed.pop(name, None)
         else:
             self.owed.setdefault(name, self.world.clock.t)

@@ -93,9 +93,7 @@ class Restarts:
         self.scheduler.release(namespace, name)
 
     def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
-        ns, named = ctx.owner.namespace, spec.rollout.targets
-        self.scheduler.release(ns, ctx.owner.name,
-                               keep=frozenset((ns, t.kind, t.name) for t in named))
+        ns, named, owed = ctx.owner.namespace, spec.rollout.targets, set()
         previous = self._status.rollout_entries(ctx.key, ctx.obj)
         held = mem.data_id or self._held(ctx, spec, mem)
         if held is None and named:
@@ -110,34 +108,32 @@ class Restarts:
             if not t.supported:
                 entry["warning"] = (f"kind {t.kind!r} cannot be restarted: only "
                                     f"{', '.join(api.WORKLOAD_KINDS)}")
-            elif (mem.workloads or {}).get((t.kind, t.name)) == held:  # owed nothing
-                self.scheduler.withdraw((ns, t.kind, t.name), ctx.owner.name)
-            else:
-                wake = self._settle(ctx, spec, mem, key=(ns, t.kind, t.name), held=str(held),
-                                    entry=entry)
-                wakes += [wake] if wake is not None else []
+            elif (mem.workloads or {}).get((t.kind, t.name)) != held:
+                out = self.scheduler.settle((ns, t.kind, t.name), Claim(
+                    holder=ctx.owner.name, secret=spec.target.name, data_id=str(held),
+                    since=mem.data_since, window=spec.rollout.min_interval,
+                    baseline=self._baseline(ctx, spec, str(held))))
+                if out.state in ("waiting", "failed"):
+                    wakes.append(out.at)
+                    owed.add((ns, t.kind, t.name))
+                else:  # nothing more owed for this data
+                    entry.pop("warning", None)
+                    mem.workloads = {**(mem.workloads or {}), (t.kind, t.name): str(held)}
+                if out.message:
+                    entry["warning"] = bounded(out.message)
+                elif out.at and out.state == "settled":
+                    entry["lastRestart"] = stamp(out.at)
             self._report(ctx.obj, t, spec.target.name, before, entry)
             entries.append(entry)
+        self.scheduler.release(ns, ctx.owner.name, keep=frozenset(owed))
         self._status.rollouts(ctx.key, ctx.obj, entries)
         return min(wakes, default=None)
 
-    def _settle(self, ctx: Context, spec: api.Spec, mem: Memory, *, key: Key, held: str,
-                entry: dict[str, Any]) -> float | None:
-        first = ctx.status.config_version is None and spec.rollout.on_create
-        out = self.scheduler.settle(key, Claim(
-            holder=ctx.owner.name, secret=spec.target.name, data_id=held, since=mem.data_since,
-            window=spec.rollout.min_interval, baseline=NOT_OURS if first else held))
-        if out.state in ("waiting", "failed"):
-            if out.message:
-                entry["warning"] = bounded(out.message)
-            return out.at
-        entry.pop("warning", None)
-        if out.message:
-            entry["warning"] = bounded(out.message)
-        elif out.at:
-            entry["lastRestart"] = stamp(out.at)
-        mem.workloads = {**(mem.workloads or {}), key[1:]: held}  # nothing more owed for it
-        return None
+    @staticmethod
+    def _baseline(ctx: Context, spec: api.Spec, held: str) -> str:
+        """What a workload first named has: the target's data, unless asked to restart."""
+        return NOT_OURS if ctx.status.config_version is None and spec.rollout.on_create \
+            else held
 
     def _held(self, ctx: Context, spec: api.Spec, mem: Memory) -> str | None:
         """The id of the data the target holds: as written or seen here, else as the cached
@@ -168,18 +164,17 @@ class Restarts:
     def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
                 before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
         """An Event when a restart was made for this object, or a warning appears."""
+        events, warning = [], str(after.get("warning") or "")
         if after.get("lastRestart") and after.get("lastRestart") != before.get("lastRestart"):
-            self._event(obj, "Normal", "RolloutRestarted", f"Restarted {target.kind} "
-                        f"{target.name!r}: the data of Secret {secret!r} changed")
-        warning = str(after.get("warning") or "")
+            events.append(("Normal", "RolloutRestarted", f"Restarted {target.kind} "
+                           f"{target.name!r}: the data of Secret {secret!r} changed"))
         if warning and warning != before.get("warning"):
             if not target.supported:
                 metrics.count_rollout("skipped_kind")
-            self._event(obj, "Warning", "RolloutRestartFailed" if warning.startswith(
-                "restarting") else "RolloutRestartSkipped", warning)
-
-    def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        try:
-            self._kube.record_event(obj, type=kind, reason=reason, message=message)
-        except Exception as exc:  # best effort, as every Event
-            log.warning("recording event failed", reason=reason, error=type(exc).__name__)
+            events.append(("Warning", "RolloutRestartFailed" if warning.startswith(
+                "restarting") else "RolloutRestartSkipped", warning))
+        for kind, reason, message in events:
+            try:
+                self._kube.record_event(obj, type=kind, reason=reason, message=message)
+            except Exception as exc:  # best effort, as every Event
+                log.warning("recording event failed", reason=reason, error=type(exc).__name__)

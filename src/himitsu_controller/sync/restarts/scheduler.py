@@ -109,15 +109,9 @@ class Scheduler:
                 if holder not in record:
                     self._patch(key, workload, {**record, holder: value})
 
-    def withdraw(self, key: Key, holder: str) -> None:
-        """``holder`` owes this workload nothing (any more)."""
-        with self._locked(key) as slot:
-            slot.claims.pop(holder, None)
-            slot.served.pop(holder, None)
-
     def release(self, namespace: str, holder: str, *, keep: frozenset[Key] = frozenset()) -> None:
-        """``holder`` names none of these workloads any more (deleted, or its spec changed);
-        slots nobody claims go (their ``restarted`` is on the workload)."""
+        """``holder`` owes no restart to the workloads of ``namespace`` but ``keep`` (it
+        was deleted, its spec changed, the data went back); slots nobody claims go."""
         with self._lock:
             for key in [k for k in self._slots if k[0] == namespace and k not in keep]:
                 slot = self._slots[key]
