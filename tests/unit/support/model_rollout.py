@@ -105,7 +105,9 @@ class RolloutOracle:
         if name not in self.pods:
             return
         now = self.rendering(name)
-        if (NOT_OURS if now is None else now) == self.pods[name]:
+        if now is None:  # no rendering of this HimitsuSecret's (gone, foreign): none owed
+            return
+        if now == self.pods[name]:
             self.owed.pop(name, None)
         else:
             self.owed.setdefault(name, self.world.clock.t)

@@ -62,12 +62,11 @@ class Restarts:
                       ) -> None:
         """A write is about to put other bytes in ``target``: each named workload without
         a record gets one, what its pods have now (none can have read a missing target)."""
-        ann, first = annotations_of(target), ctx.status.config_version is None
-        if target is None and not (first and spec.rollout.on_create):
+        ann, on_create = annotations_of(target), self._baseline(ctx, spec, "") == NOT_OURS
+        if target is None and not on_create:
             return
-        ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and ann.get(api.ANN_DATA_ID)
-        value = ann[api.ANN_DATA_ID] if ours and not (first and spec.rollout.on_create) \
-            else NOT_OURS
+        ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and not on_create
+        value = ann.get(api.ANN_DATA_ID) or NOT_OURS if ours else NOT_OURS
         for t in (t for t in spec.rollout.targets if t.supported):
             try:
                 self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
@@ -95,7 +94,10 @@ class Restarts:
     def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
         ns, named, owed = ctx.owner.namespace, spec.rollout.targets, set()
         previous = self._status.rollout_entries(ctx.key, ctx.obj)
-        held = mem.data_id or self._held(ctx, spec, mem)
+        if mem.data_id is None:  # else as the cached target shows it, when it holds our data
+            target = self._kube.get_secret(ns, spec.target.name, cached=True)
+            learn(mem, target if holds_own_data(target, owner=ctx.owner, spec=spec) else None)
+        held = mem.data_id
         if held is None and named:
             return None  # what the target holds is not known: nothing is decided
         old = {(e.get("kind"), e.get("name")): e for e in previous}
@@ -113,16 +115,16 @@ class Restarts:
                     holder=ctx.owner.name, secret=spec.target.name, data_id=str(held),
                     since=mem.data_since, window=spec.rollout.min_interval,
                     baseline=self._baseline(ctx, spec, str(held))))
-                if out.state in ("waiting", "failed"):
-                    wakes.append(out.at)
+                if out.wake is not None:
+                    wakes.append(out.wake)
                     owed.add((ns, t.kind, t.name))
                 else:  # nothing more owed for this data
                     entry.pop("warning", None)
                     mem.workloads = {**(mem.workloads or {}), (t.kind, t.name): str(held)}
                 if out.message:
                     entry["warning"] = bounded(out.message)
-                elif out.at and out.state == "settled":
-                    entry["lastRestart"] = stamp(out.at)
+                elif out.restarted:
+                    entry["lastRestart"] = stamp(out.restarted)
             self._report(ctx.obj, t, spec.target.name, before, entry)
             entries.append(entry)
         self.scheduler.release(ns, ctx.owner.name, keep=frozenset(owed))
@@ -134,14 +136,6 @@ class Restarts:
         """What a workload first named has: the target's data, unless asked to restart."""
         return NOT_OURS if ctx.status.config_version is None and spec.rollout.on_create \
             else held
-
-    def _held(self, ctx: Context, spec: api.Spec, mem: Memory) -> str | None:
-        """The id of the data the target holds: as written or seen here, else as the cached
-        target shows it when it holds what we wrote (a failing Himitsu holds nothing back)."""
-        target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
-        if holds_own_data(target, owner=ctx.owner, spec=spec):
-            learn(mem, target)
-        return mem.data_id
 
     def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
         """Every HimitsuSecret naming the workload: its target, and the id it holds (read

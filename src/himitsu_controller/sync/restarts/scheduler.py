@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from himitsu_controller import api, metrics
 from himitsu_controller.sync.ports import Conflict, KubeError, Workloads
@@ -44,14 +44,13 @@ class Claim:
     baseline: str  # the record a workload without one gets: what its pods have
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """``settled`` (by a restart at ``at``; 0: none was needed), ``waiting`` or ``failed``
-    (until ``at``), ``missing``, or ``skipped`` (the workload does not allow it)."""
+class Outcome(NamedTuple):
+    """``wake``: when to ask again (None: nothing more is owed for this data);
+    ``restarted``: when the restart that rolled it out was made (0: none was needed)."""
 
-    state: str
-    at: float = 0.0
-    message: str = ""
+    wake: float | None
+    restarted: float = 0.0
+    message: str = ""  # what went wrong, or why the workload is skipped
 
 
 @dataclass
@@ -78,7 +77,7 @@ class Scheduler:
             now, before = self._now(), slot.claims.get(claim.holder)
             if slot.served.pop(claim.holder, None) == claim.data_id:
                 slot.claims.pop(claim.holder, None)
-                return Outcome("settled", slot.restarted)
+                return Outcome(None, slot.restarted)
             if before is not None:
                 if before.data_id != claim.data_id:
                     metrics.count_rollout("coalesced")  # a further change, batched
@@ -86,17 +85,17 @@ class Scheduler:
             slot.claims[claim.holder] = claim
             due = max(self._due(slot), slot.retry_at)
             if before is not None and now < due:
-                return Outcome("failed" if slot.failures else "waiting", due)
+                return Outcome(due)
             try:
                 return self._evaluate(key, slot, claim, now, owed=before is not None)
             except Conflict:  # the workload changed since it was read: read it again soon
                 slot.retry_at = now + RETRY_FIRST
-                return Outcome("waiting", slot.retry_at)
+                return Outcome(slot.retry_at)
             except KubeError as exc:
                 slot.failures += 1
                 slot.retry_at = now + min(RETRY_FIRST * 2 ** (slot.failures - 1), RETRY_CAP)
                 metrics.count_rollout("failed")
-                return Outcome("failed", slot.retry_at, f"restarting {key[1]} {key[2]!r} "
+                return Outcome(slot.retry_at, message=f"restarting {key[1]} {key[2]!r} "
                                f"failed: {exc}; retrying with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
@@ -134,9 +133,9 @@ class Scheduler:
         if workload is None or not allowed(workload, claim.holder, claim.secret):
             del slot.claims[claim.holder]
             metrics.count_rollout("missing" if workload is None else "skipped_unreferenced")
-            return Outcome("missing", message=f"{key[1]} {key[2]!r} not found: nothing to "
-                           "restart") if workload is None else Outcome(
-                "skipped", message=unreferenced(*key[1:], claim.secret, claim.holder))
+            return Outcome(None, message=f"{key[1]} {key[2]!r} not found: nothing to restart"
+                           if workload is None else unreferenced(*key[1:], claim.secret,
+                                                                 claim.holder))
         record = record_of(workload)
         if claim.holder not in record:  # first named: its pods have what the target holds
             workload = self._patch(key, workload, {**record, claim.holder: claim.baseline})
@@ -144,16 +143,16 @@ class Scheduler:
         slot.restarted = max(slot.restarted, _restarted_at(workload, now))
         if record[claim.holder] == claim.data_id:  # recorded, or restarted by someone else
             del slot.claims[claim.holder]
-            return Outcome("settled", slot.restarted if owed else 0.0)
+            return Outcome(None, slot.restarted if owed else 0.0)
         due = max(self._due(slot), slot.retry_at)
         if now < due:
-            return Outcome("waiting", due)
+            return Outcome(due)
         names = self._current(key)  # what each target holds now: what new pods will read
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
             del slot.claims[claim.holder]
-            return Outcome("settled")
+            return Outcome(None)
         new = {h: i for h, i in record.items() if h in names} | ids
         self._patch(key, workload, new, restart=now)
         slot.served = {h: i for h, i in new.items() if record.get(h) != i}
@@ -162,7 +161,7 @@ class Scheduler:
         slot.claims.clear()
         slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
         slot.served.pop(claim.holder, None)
-        return Outcome("settled", now)
+        return Outcome(None, now)
 
     def _due(self, slot: _Slot) -> float:
         return min((max(c.since or 0.0, slot.restarted) + c.window
