@@ -151,6 +151,7 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
         slot, env, token, interval, policy, kind, fmt = spec
         if slot % 2 == 0 and self.world.server.get(DEPLOY, NS, f"w{slot}") is None:
             self.world.server.create(DEPLOY, NS, workload(slot))
+        self.oracle.rollout.named(f"h{slot}")
         obj = self.world.server.create(HSEC, NS, {
             "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": f"h{slot}"},
             "spec": {"apiUrl": API_URL, "projectId": PROJECT, "environmentId": ENVS[env],

@@ -3,11 +3,11 @@ Deployment ``w<slot>``, whose pods read the target ``t<slot>`` (half of them: wh
 model costs stays within its time budget, and the others prove nothing changes without).
 
 The oracle keeps the data ``w<slot>``'s pods were last started with, computed from
-Himitsu's history and the spec (``render``), never from the operator's record: from the
-moment the workload is first given a record for ``h<slot>`` (the documented baseline:
-a workload first named has what its target holds then; "not ours" while the target holds
-no rendering of ``h<slot>``, as a Merge target's first sync finds), then the rendering at
-each restart. Checked (``restart``):
+Himitsu's history and the spec (``render``), never from the operator's record: when
+``h<slot>`` is created (the workload is first named), what the target holds ("not ours"
+for someone else's Secret, as a Merge target's first sync finds; none yet for a missing
+target: the pods start with what the first write puts there), then the rendering at each
+restart. Checked (``restart``):
 
 * a restart (a patch of the pod template) happens only while the target's rendering
   differs from what the pods have, except after the accepted trade (the target created
@@ -38,6 +38,7 @@ WINDOW = "3s"  # the HimitsuSecrets' minRestartInterval
 WINDOW_S = 3.0
 SLACK = 1.0  # seconds: requests' latency between the write and the operator's clock read
 NOT_OURS = {"": "not a rendering of this HimitsuSecret"}
+PENDING = {"": "no target yet: the pods start with what the first write puts there"}
 
 
 def workload(slot: int) -> dict[str, Any]:
@@ -66,6 +67,13 @@ class RolloutOracle:
         self.faulted = -1.0  # when a Kubernetes fault was last served
         self._patch: Mapping[str, Any] = {}
 
+    def named(self, name: str) -> None:
+        """``name`` is about to be created: its workload is named (kept if it was before:
+        the workload's pods do not change with the HimitsuSecret)."""
+        if int(name[1:]) % 2 == 0 and self.pods.get(name, PENDING) is PENDING:
+            target = self.world.server.get(SECRET, NS, f"t{name[1:]}")
+            self.pods[name] = PENDING if target is None else NOT_OURS
+
     def process_started(self) -> None:
         self.started = self.world.clock.t
         self.excused.update(self.owed)  # a change put back now gets a new id
@@ -79,9 +87,7 @@ class RolloutOracle:
     def workload_patched(self, workload_name: str) -> None:
         name = "h" + workload_name.removeprefix("w")
         now, t = self.rendering(name), self.world.clock.t
-        if "spec" not in self._patch:  # only a record: the baseline, if it is the first
-            self.pods.setdefault(name, NOT_OURS if now is None else now)
-            self._note(name)
+        if "spec" not in self._patch:  # only a record: no restart
             return
         if name not in self.excused and self.pods.get(name) == now:
             self.violation(f"restart: {workload_name} restarted although its pods have the "
@@ -97,7 +103,10 @@ class RolloutOracle:
 
     def target_written(self, target: str, method: str) -> None:
         name = "h" + target.removeprefix("t")
-        if method == "POST":
+        if self.pods.get(name) is PENDING:  # the pods waited for a target: the first one
+            now = self.rendering(name) if method == "POST" else None  # else someone else's
+            self.pods[name] = NOT_OURS if now is None else now
+        elif method == "POST":
             self.excused.add(name)  # the trade: a target created anew may cost a restart
         self._note(name)
 
@@ -116,9 +125,12 @@ class RolloutOracle:
         """Every restart owed has its wake in time (see the module docstring)."""
         process, problems = self.world.process, []
         assert process is not None
-        for name, since in self.owed.items():
-            if since <= self.faulted or self.world.server.get(HSEC, NS, name) is None:
+        for name, since in list(self.owed.items()):
+            if self.world.server.get(HSEC, NS, name) is None:
+                del self.owed[name]  # one created again owes from its own first write
                 continue
+            if since <= self.faulted or process.hsecs.store.get(f"{NS}/{name}") is None:
+                continue  # retries back off; an object the informer has not shown yet
             limit = max(since + WINDOW_S, self.started,
                         self.restarted_at.get(name, -WINDOW_S) + WINDOW_S) + SLACK
             wake = process.wake_of(f"{NS}/{name}")
@@ -159,10 +171,8 @@ class RolloutOracle:
                      if c.get("type") == "Ready" and c.get("status") == "True"]
             if not ready or not (obj["spec"].get("rolloutRestartTargets")):
                 continue
-            if name not in self.pods:
-                problems.append(f"restart: after a quiet period w{name[1:]} has no record "
-                                f"of the data its pods have for {name}")
-            elif self.pods[name] != self.rendering(name):
+            if self.pods.get(name, PENDING) is not PENDING and \
+                    self.pods[name] != self.rendering(name):
                 problems.append(f"restart: after a quiet period w{name[1:]}'s pods still have "
                                 f"older data than {name}'s target")
         return problems

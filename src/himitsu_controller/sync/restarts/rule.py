@@ -62,11 +62,11 @@ class Restarts:
                       ) -> None:
         """A write is about to put other bytes in ``target``: each named workload without
         a record gets one, what its pods have now (none can have read a missing target)."""
-        ann, on_create = annotations_of(target), self._baseline(ctx, spec, "") == NOT_OURS
+        ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
             return
         ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and not on_create
-        value = ann.get(api.ANN_DATA_ID) or NOT_OURS if ours else NOT_OURS
+        value = (ann.get(api.ANN_DATA_ID) if ours else None) or NOT_OURS
         for t in (t for t in spec.rollout.targets if t.supported):
             try:
                 self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
@@ -114,7 +114,7 @@ class Restarts:
                 out = self.scheduler.settle((ns, t.kind, t.name), Claim(
                     holder=ctx.owner.name, secret=spec.target.name, data_id=str(held),
                     since=mem.data_since, window=spec.rollout.min_interval,
-                    baseline=self._baseline(ctx, spec, str(held))))
+                    baseline=NOT_OURS if _on_create(ctx, spec) else str(held)))
                 if out.wake is not None:
                     wakes.append(out.wake)
                     owed.add((ns, t.kind, t.name))
@@ -130,12 +130,6 @@ class Restarts:
         self.scheduler.release(ns, ctx.owner.name, keep=frozenset(owed))
         self._status.rollouts(ctx.key, ctx.obj, entries)
         return min(wakes, default=None)
-
-    @staticmethod
-    def _baseline(ctx: Context, spec: api.Spec, held: str) -> str:
-        """What a workload first named has: the target's data, unless asked to restart."""
-        return NOT_OURS if ctx.status.config_version is None and spec.rollout.on_create \
-            else held
 
     def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
         """Every HimitsuSecret naming the workload: its target, and the id it holds (read
@@ -172,3 +166,8 @@ class Restarts:
                 self._kube.record_event(obj, type=kind, reason=reason, message=message)
             except Exception as exc:  # best effort, as every Event
                 log.warning("recording event failed", reason=reason, error=type(exc).__name__)
+
+
+def _on_create(ctx: Context, spec: api.Spec) -> bool:
+    """A first sync that is to restart the workloads anyway (``rolloutRestartOnCreate``)."""
+    return ctx.status.config_version is None and spec.rollout.on_create
