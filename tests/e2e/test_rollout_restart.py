@@ -8,9 +8,9 @@ does not count) is warned about and left alone, unless its owner allows the
 HimitsuSecret on the workload itself (himitsu.io/allow-restart-by).
 
 The local control plane runs no kubelet, so no pod starts: what is proved is the template
-annotation (what `kubectl rollout restart` changes) and the Deployment's
-metadata.generation, which the apiserver bumps on every change of its spec, so
-``generation - 1`` counts every restart anyone made.
+annotation (what `kubectl rollout restart` changes) and the Deployment's revision: its
+controller makes one ReplicaSet per pod template, so ``revision - 1`` counts every
+restart anyone made (``generation`` would also count the record, an annotation).
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from himitsu_controller import api
 from himitsu_controller.sync.restarts.scheduler import record_of
 
 from .harness import Harness, hsec_body
-from .kubehelp import hsec_path, wait_for
+from .kubehelp import KubeApi, hsec_path, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("default_operator")]
 
 WEB = "web"
+REVISION = "deployment.kubernetes.io/revision"
 
 
 def deployment(reads: str | None, *, unmounted: str | None = None) -> dict[str, Any]:
@@ -47,6 +48,18 @@ def deployment(reads: str | None, *, unmounted: str | None = None) -> dict[str, 
 def deployment_path(ns: str, name: str | None = None) -> str:
     base = f"/apis/apps/v1/namespaces/{ns}/deployments"
     return f"{base}/{name}" if name else base
+
+
+def revisions(kube: KubeApi, ns: str) -> int:
+    """Deployment ``web``'s revision once its controller has seen its latest spec: one per
+    pod template it ever had (the first, and one per restart)."""
+    def observed() -> dict[str, Any] | None:
+        found: dict[str, Any] = kube.get(deployment_path(ns, WEB))
+        seen = (found.get("status") or {}).get("observedGeneration")
+        revision = (found["metadata"].get("annotations") or {}).get(REVISION)
+        return found if seen == found["metadata"]["generation"] and revision else None
+    deploy = wait_for(observed, timeout=30, what="the deployment controller to see Deployment web")
+    return int(deploy["metadata"]["annotations"][REVISION])
 
 
 class Rollout:
@@ -79,8 +92,8 @@ class Rollout:
         return bool(held) and record_of(self.workload()).get("app") == held
 
     def restarts(self) -> int:
-        """Every change of the Deployment's spec so far: the restarts, by anyone."""
-        return int(self.workload()["metadata"]["generation"]) - 1
+        """Every change of the pod template so far, by anyone (``revisions``)."""
+        return revisions(self.h.kube, self.ns) - 1
 
     def restarted_at(self) -> str | None:
         meta = self.workload()["spec"]["template"].get("metadata") or {}
@@ -170,7 +183,7 @@ def test_an_unmounted_volume_is_no_reference_and_the_workload_s_consent_allows_a
 
     h.kube.merge_patch(deployment_path(ns, WEB), {"metadata": {"annotations": {
         api.ANN_ALLOW_RESTART_BY: "app"}}})  # the workload's owner consents
-    consented = rollout.restarts()  # a Deployment's annotations count as a change too
+    consented = rollout.restarts()
     rollout.rotate("allowed")
     wait_for(rollout.restarted_at, timeout=30, what="the restart the workload allows")
     rollout.polls_pass(4)
