@@ -20,6 +20,10 @@ from typing import Any
 import pytest
 
 from himitsu_controller import api
+from himitsu_controller.kube import KubeClient
+from himitsu_controller.runtime.cache.store import Store
+from himitsu_controller.runtime.client.rest import RestClient, load_api_client
+from himitsu_controller.sync.ports import Conflict
 from himitsu_controller.sync.restarts.scheduler import record_of
 
 from .harness import Harness, hsec_body
@@ -203,3 +207,31 @@ def test_every_min_restart_interval_the_apiserver_admits_the_operator_accepts(
         body["spec"]["minRestartInterval"] = window
         h.kube.create(hsec_path(ns), body)  # the apiserver admits it...
         assert api.parse_spec(body).rollout.min_interval == 24 * 3600  # ...the operator too
+
+
+def test_the_restart_patch_applies_only_to_the_workload_as_read(
+        kube: KubeApi, operator_kubeconfig: str, ns: str) -> None:
+    """The record is one annotation for every HimitsuSecret: a patch computed from a read
+    the workload has moved on from (another writer's record, a kubectl edit) must be
+    refused, not merged over it. The strategic merge patch's resourceVersion is that
+    precondition on kube-apiserver; the current one applies record and restart at once."""
+    created = kube.create(deployment_path(ns), deployment("app-secrets"))
+    client = KubeClient(RestClient(load_api_client(operator_kubeconfig)),
+                        himitsu_secrets=Store(), secrets=Store())
+    kube.merge_patch(deployment_path(ns, WEB), {"metadata": {"annotations": {
+        api.ANN_STARTED_WITH: "other=0123456789abcdef"}}})
+    with pytest.raises(Conflict):
+        client.patch_workload(ns, "Deployment", WEB,
+                              resource_version=created["metadata"]["resourceVersion"],
+                              annotations={api.ANN_STARTED_WITH: "app=fedcba9876543210"},
+                              template={api.ANN_RESTARTED_AT: "2026-12-01T12:00:00.000000Z"})
+    current = kube.get(deployment_path(ns, WEB))
+    assert record_of(current) == {"other": "0123456789abcdef"}
+    assert api.ANN_RESTARTED_AT not in str(current["spec"]["template"])
+    patched = client.patch_workload(
+        ns, "Deployment", WEB, resource_version=current["metadata"]["resourceVersion"],
+        annotations={api.ANN_STARTED_WITH: "app=fedcba9876543210,other=0123456789abcdef"},
+        template={api.ANN_RESTARTED_AT: "2026-12-01T12:00:00.000000Z"})
+    assert record_of(patched) == {"app": "fedcba9876543210", "other": "0123456789abcdef"}
+    assert patched["spec"]["template"]["metadata"]["annotations"][api.ANN_RESTARTED_AT] == \
+        "2026-12-01T12:00:00.000000Z"

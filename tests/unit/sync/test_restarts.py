@@ -121,7 +121,7 @@ def test_a_data_change_restarts_once_within_the_window_and_never_on_a_304() -> N
     world = rollout_world()
     world.sync(5)
     world.poll(himitsu.NotModified(5))
-    old = data_id(world)
+    old, made = data_id(world), count("restarted")
     result = world.poll(fetched(6, changed("b")))
     assert restarts(world) == [] and record(world) == old != data_id(world)
     assert result.requeue_after is not None and result.requeue_after <= WINDOW
@@ -129,10 +129,10 @@ def test_a_data_change_restarts_once_within_the_window_and_never_on_a_304() -> N
     assert len(restarts(world)) == 1 and record(world) == data_id(world)
     assert entry(world)["lastRestart"] == restarts(world)[0]
     assert world.ready()["status"] == "True"
-    assert any(e.reason == "RolloutRestarted" for e in world.kube.events)
+    assert [e.reason for e in world.kube.events].count("RolloutRestarted") == 1
     for _ in range(5):
         world.poll(himitsu.NotModified(6))
-    assert len(restarts(world)) == 1
+    assert len(restarts(world)) == 1 and count("restarted") - made == 1
 
 
 def test_the_restart_is_one_patch_of_restarted_at_and_the_record() -> None:

@@ -1,13 +1,10 @@
 """When a HimitsuSecret's workloads owe a restart: the data their pods were started with.
 
-Each write of other bytes to a target stamps a random data id on it (``himitsu.io/data-id``,
-``data_id``); each named workload records in its own annotations the id its pods were
-started with, per HimitsuSecret (``scheduler.record_of``). A restart is owed exactly while
-the two differ. A workload without a record gets one without a restart (what its pods
-have: the target's id; "-", data not ours, when a first sync changes a Secret that
-existed or ``rolloutRestartOnCreate`` asks), before the write that changes the bytes
-(``before_change``): a crash between that write and the restart loses nothing, and a new
-leader finds the truth on the workload and the target. docs/design/restarts.md: why an id.
+A write of other bytes stamps a random data id on the target (``data_id``); each named
+workload records the id its pods were started with (``scheduler.record_of``). A restart is
+owed exactly while the two differ. A workload without a record gets one, what its pods
+have, before the first write that changes the bytes (``before_change``), so a crash
+between that write and the restart loses nothing. docs/design/restarts.md says why.
 """
 
 from __future__ import annotations

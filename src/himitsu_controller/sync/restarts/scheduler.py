@@ -1,15 +1,10 @@
 """The per-workload restart scheduler: batching, one restart per window, retries.
 
-One slot per workload, shared by every HimitsuSecret naming it. A HimitsuSecret whose
-target holds other data than the workload's record claims a restart (``settle``). Claims
-on one workload share a window, due at the earliest ``since + minRestartInterval``
-(``since``: when this process saw the change; unknown after a restart or a failover: at
-once), never sooner than a window after the workload's last ``restartedAt``. The restart
-is one patch, conditional on the resourceVersion just read, of ``restartedAt`` and the
-record of every HimitsuSecret naming the workload (``current``): a claim asked again
-(an answer lost, another leader) finds the record current and restarts nothing, and one
-restart serves every claim (``served``, until each claimant asks). Nothing sleeps:
-reconciles drive it on their own clock.
+Claims on one workload share a window: due at the earliest ``since + minRestartInterval``
+(at once when ``since`` is unknown: a new process), never within a window of its last
+``restartedAt``. The restart is one patch, conditional on the resourceVersion just read,
+of ``restartedAt`` and the record of every HimitsuSecret naming the workload, so asking
+again finds the record current. docs/design/restarts.md says why.
 """
 
 from __future__ import annotations
