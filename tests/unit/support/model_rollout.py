@@ -74,6 +74,12 @@ class RolloutOracle:
             target = self.world.server.get(SECRET, NS, f"t{name[1:]}")
             self.pods[name] = PENDING if target is None else NOT_OURS
 
+    def reset(self, name: str) -> None:
+        """``name`` names its workload no more (its target moved): nothing is owed, and
+        should it come back, bytes under another id may cost a restart (the trade)."""
+        self.owed.pop(name, None)
+        self.excused.add(name)
+
     def process_started(self) -> None:
         self.started = self.world.clock.t
         self.excused.update(self.owed)  # a change put back now gets a new id

@@ -419,12 +419,37 @@ def test_a_refused_patch_is_retried_with_backoff_and_ready_stays_true() -> None:
     result = world.poll(fetched(6, changed("b")))
     assert restarts(world) == [] and world.ready()["status"] == "True"
     assert "403" in entry(world)["warning"]
+    assert "--set rolloutRestarts.enabled=true" in entry(world)["warning"]
     assert any(e.reason == "RolloutRestartFailed" for e in world.kube.events)
     assert result.requeue_after == pytest.approx(1.0)
     result = wake(world, result)
     assert result.requeue_after == pytest.approx(2.0)
     wake(world, result)
     assert len(restarts(world)) == 1 and "warning" not in entry(world)
+
+
+FORBIDDEN_GET = KubeError(
+    "reading Deployment 'web' failed: 403 Forbidden: deployments.apps \"web\" is forbidden: "
+    "User \"system:serviceaccount:himitsu-system:himitsu-operator\" cannot get resource "
+    "\"deployments\" in API group \"apps\" in the namespace \"apps\"",
+    status=403, reason="Forbidden")
+
+
+def test_an_install_without_restart_rbac_tells_the_owner_how_to_enable_restarts() -> None:
+    """The rollout-restart RBAC is granted only when the feature is enabled: a
+    HimitsuSecret naming a workload there still syncs, and its status and a Warning Event
+    say, once, what to enable (or to remove the target), not a repeated 'failed: failed'."""
+    world = rollout_world()
+    world.kube.fail_next["get_workload"] = [FORBIDDEN_GET]
+    world.sync(5)
+    warning = entry(world)["warning"]
+    assert warning.count("reading Deployment 'web' failed: 403 Forbidden") == 1, warning
+    assert "--set rolloutRestarts.enabled=true" in warning
+    assert "deploy/components/rollout-restarts" in warning
+    assert "remove Deployment 'web' from rolloutRestartTargets" in warning
+    assert world.ready()["status"] == "True"
+    (event,) = [e for e in world.kube.events if e.reason == "RolloutRestartFailed"]
+    assert event.type == "Warning" and event.message == warning
 
 
 def test_a_crash_between_the_secret_write_and_the_restart_restarts_once() -> None:

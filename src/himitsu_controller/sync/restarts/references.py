@@ -16,7 +16,7 @@ from typing import Any
 
 from himitsu_controller import api
 
-__all__ = ["allowed", "secrets_read", "unreferenced"]
+__all__ = ["allowed", "refused", "secrets_read", "unreferenced"]
 
 
 def allowed(workload: Mapping[str, Any], holder: str, secret: str) -> bool:
@@ -47,6 +47,20 @@ def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:
             "or mounted secret or projected volume names it): not restarted; its owner may "
             f"allow it with the annotation {api.ANN_ALLOW_RESTART_BY}={holder} (or *) on "
             "the workload")
+
+
+def refused(kind: str, name: str, exc: Exception) -> str:
+    """A failed read or patch of a workload, as its HimitsuSecret's owner reads it: a 403
+    is almost always an install without the optional rollout-restart RBAC."""
+    text, status = str(exc), getattr(exc, "status", 0)
+    if not text.startswith(("reading", "restarting")):
+        text = f"restarting {kind} {name!r} failed: {text}"
+    if status == 403:
+        text += (f"; rollout restarts need get and patch on {kind}s, which this install "
+                 "may not grant: enable them (Helm: --set rolloutRestarts.enabled=true; "
+                 "kubectl/kustomize: deploy/components/rollout-restarts), or remove "
+                 f"{kind} {name!r} from rolloutRestartTargets")
+    return text
 
 
 def _map(value: Any) -> Mapping[str, Any]:

@@ -157,7 +157,7 @@ class Restarts:
             if not target.supported:
                 metrics.count_rollout("skipped_kind")
             events.append(("Warning", "RolloutRestartFailed" if warning.startswith(
-                "restarting") else "RolloutRestartSkipped", warning))
+                ("reading", "restarting")) else "RolloutRestartSkipped", warning))
         for kind, reason, message in events:
             try:
                 self._kube.record_event(obj, type=kind, reason=reason, message=message)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from himitsu_controller import api, metrics
 from himitsu_controller.sync.ports import Conflict, KubeError, Workloads
-from himitsu_controller.sync.restarts.references import allowed, unreferenced
+from himitsu_controller.sync.restarts.references import allowed, refused, unreferenced
 
 __all__ = ["Claim", "Outcome", "Scheduler", "record_of", "stamp"]
 
@@ -90,8 +90,8 @@ class Scheduler:
                 slot.failures += 1
                 slot.retry_at = now + min(RETRY_FIRST * 2 ** (slot.failures - 1), RETRY_CAP)
                 metrics.count_rollout("failed")
-                return Outcome(slot.retry_at, message=f"restarting {key[1]} {key[2]!r} "
-                               f"failed: {exc}; retrying with backoff")
+                return Outcome(slot.retry_at, message=f"{refused(*key[1:], exc)}; retrying "
+                               "with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
         """A workload that has no record for ``holder`` gets ``value``: what its pods have
