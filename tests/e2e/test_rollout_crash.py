@@ -12,7 +12,6 @@ kubelet, no Pods): restarts are counted by the Deployment's revision, one per te
 
 from __future__ import annotations
 
-import secrets
 import signal
 from typing import Any
 
@@ -47,7 +46,7 @@ def test_a_leader_killed_right_after_the_secret_write_is_followed_by_one_restart
         h: Harness, ns: str, kube: KubeApi, cluster: Cluster,
         operator: OperatorLauncher) -> None:
     assert cluster.audit_log_path is not None
-    lease = f"rollout-crash-{secrets.token_hex(4)}"
+    lease = cluster_setup.lease_name(kube, "rollout-crash")
     first = operator.start(*_flags(lease), name="leader")
     wait_for(lambda: leading(first, lease), timeout=30, what="the first replica to lead")
     standby = operator.start(*_flags(lease), name="standby")
