@@ -149,7 +149,8 @@ class RolloutOracle:
         return problems
 
     def rendering(self, name: str) -> dict[str, str] | None:
-        """The rendering of Himitsu's data at the version the target's annotation names."""
+        """The rendering of Himitsu's data at the version the target's annotation names,
+        when ``name`` wrote the target."""
         obj = self.world.server.get(HSEC, NS, name)
         if obj is None:
             return None
@@ -160,7 +161,8 @@ class RolloutOracle:
         target = self.world.server.get(SECRET, NS, spec.target.name)
         ann = ((target or {}).get("metadata") or {}).get("annotations") or {}
         env, version = ann.get(api.ANN_ENVIRONMENT_ID), ann.get(api.ANN_CONFIG_VERSION, "")
-        if env not in self.world.himitsu.history or not version.isdigit():
+        if env not in self.world.himitsu.history or not version.isdigit() or \
+                ann.get(api.ANN_OWNED_BY) != name:  # another's (a successor's, merge rules)
             return None
         tpl = spec.target.template
         try:
