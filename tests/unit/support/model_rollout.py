@@ -135,7 +135,8 @@ class RolloutOracle:
             if self.world.server.get(HSEC, NS, name) is None:
                 del self.owed[name]  # one created again owes from its own first write
                 continue
-            if since <= self.faulted or process.hsecs.store.get(f"{NS}/{name}") is None:
+            if since <= self.faulted or process.hsecs.store.get(f"{NS}/{name}") is None or \
+                    self.rendering(name) is None:  # its target is someone else's now
                 continue  # retries back off; an object the informer has not shown yet
             limit = max(since + WINDOW_S, self.started,
                         self.restarted_at.get(name, -WINDOW_S) + WINDOW_S) + SLACK
@@ -158,6 +159,8 @@ class RolloutOracle:
             spec = api.parse_spec(obj)
         except api.InvalidSpec:
             return None
+        if not spec.rollout.targets or spec.target.name != f"t{name[1:]}":
+            return None  # moved to another target (merge rules): it names no workload
         target = self.world.server.get(SECRET, NS, spec.target.name)
         ann = ((target or {}).get("metadata") or {}).get("annotations") or {}
         env, version = ann.get(api.ANN_ENVIRONMENT_ID), ann.get(api.ANN_CONFIG_VERSION, "")
