@@ -300,9 +300,7 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
             obj["spec"]["refreshInterval"] = new
             server.update(HSEC, NS, f"h{slot}", obj)
         elif how == "spec_template":
-            # Stamps to put back around the data held; a rollout salt to keep takes the
-            # poller's copy, which a new process does not hold yet (one request a source).
-            quiet = quiet and not spec.rollout.targets
+            # Stamps to put back around the data held (its data id with it).
             obj["spec"]["target"].setdefault("template", {})["annotations"] = {
                 "example.com/note": f"v{n}"}
             server.update(HSEC, NS, f"h{slot}", obj)

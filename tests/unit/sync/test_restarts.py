@@ -207,7 +207,7 @@ def test_a_workload_named_later_gets_its_record_without_a_restart() -> None:
     world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
     world.sync(5)
     world.edit_spec(rolloutRestartTargets=[WEB])
-    world.reconcile(fetched(5))
+    world.reconcile()  # a spec edit keeping the source: Himitsu is not asked
     assert restarts(world) == [] and record(world) == data_id(world)
     world.poll(fetched(6, changed("b")))
     assert len(restarts(world)) == 1
