@@ -43,8 +43,11 @@ DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "bin"
 BUILD_SCRIPT = REPO_ROOT / "hack" / "kube" / "build.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 # Garbage collection (Owner-mode Secrets), namespace deletion, the `default`
-# ServiceAccount and legacy token Secrets; nothing that needs a kubelet.
-DEFAULT_CONTROLLERS = ("garbagecollector", "namespace", "serviceaccount", "serviceaccount-token")
+# ServiceAccount and legacy token Secrets, and Deployments' ReplicaSets (one per pod
+# template, so a rollout restart shows as a new revision; no replicaset controller: no
+# Pods); nothing that needs a kubelet.
+DEFAULT_CONTROLLERS = ("garbagecollector", "namespace", "serviceaccount", "serviceaccount-token",
+                       "deployment")
 SERVICE_CIDR = "10.0.0.0/24"
 STATE_FILE = "cluster.json"
 ADMIN_USER = "himitsu-local-admin"

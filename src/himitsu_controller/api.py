@@ -57,17 +57,14 @@ ANN_ALLOW_MERGE_BY = "himitsu.io/allow-merge-by"
 ANN_FORCE_SYNC = "himitsu.io/force-sync"
 # On a workload's pod template: set to restart it, as `kubectl rollout restart` does.
 ANN_RESTARTED_AT = "himitsu.io/restartedAt"
-# Beside it: "<HimitsuSecret>=<dataMac>,..." the restart rolled out (sync.restarter).
-ANN_RESTARTED_FOR = "himitsu.io/restarted-for"
+# On a workload (its metadata): "<HimitsuSecret>=<data id>,..." the data its pods were
+# started with, set with restartedAt in one patch (sync.restarts).
+ANN_STARTED_WITH = "himitsu.io/started-with"
 # On a workload (its metadata), set by its owner: the HimitsuSecrets ("a,b" or "*") that
-# may restart it although its pods do not read their Secret (sync.restarter).
+# may restart it although its pods do not read their Secret (sync.restarts).
 ANN_ALLOW_RESTART_BY = "himitsu.io/allow-restart-by"
-# On a target whose HimitsuSecret names workloads: the random key of the status's MACs
-# of the data (sync.rollout); only readers of the Secret (who see the data) see it.
-ANN_ROLLOUT_SALT = "himitsu.io/rollout-salt"
-# Beside it, stamped by the write that changed the data: when, and a MAC (keyed by the
-# salt) binding that time to the data, so a stale or foreign value counts for nothing.
-ANN_DATA_CHANGED_AT = "himitsu.io/data-changed-at"
+# On a target: a random id the operator stamps whenever it writes other bytes.
+ANN_DATA_ID = "himitsu.io/data-id"
 # On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
 # token may be sent to (narrower than --allowed-api-urls, never wider).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"

@@ -376,17 +376,24 @@ class KubeClient:
                 return None
             raise _kube_error(exc, f"reading {kind} {name!r}") from None
 
-    def restart_workload(
-        self, namespace: str, kind: str, name: str, *, annotations: Mapping[str, str],
-    ) -> None:
-        """What ``kubectl rollout restart`` does, under our own annotation: a strategic
-        merge patch of the pod template's annotations, so the workload's own strategy,
-        PodDisruptionBudgets and readiness gates pace the rollout."""
-        body = {"spec": {"template": {"metadata": {"annotations": dict(annotations)}}}}
+    def patch_workload(
+        self, namespace: str, kind: str, name: str, *, resource_version: str,
+        annotations: Mapping[str, str], template: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """What ``kubectl rollout restart`` does, under our own annotation, with the
+        workload's record beside it: one strategic merge patch, so the workload's own
+        strategy, PodDisruptionBudgets and readiness gates pace the rollout. The
+        resourceVersion in the body is a precondition (409 when it moved on)."""
+        body: dict[str, Any] = {"metadata": {"resourceVersion": resource_version,
+                                             "annotations": dict(annotations)}}
+        if template:
+            body["spec"] = {"template": {"metadata": {"annotations": dict(template)}}}
         try:
-            self._request("PATCH", WORKLOADS[kind].path(namespace, name), body=body,
-                          content_type="application/strategic-merge-patch+json")
+            return self._request("PATCH", WORKLOADS[kind].path(namespace, name), body=body,
+                                 content_type="application/strategic-merge-patch+json")
         except ApiError as exc:
+            if exc.status == 409:
+                raise Conflict(f"{kind} {name!r} changed while patching", status=409) from None
             raise _kube_error(exc, f"restarting {kind} {name!r}") from None
 
     def record_event(

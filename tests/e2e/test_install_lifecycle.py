@@ -129,7 +129,7 @@ def synced(kube: KubeApi, ns: str, canary: Canary) -> dict[str, Any]:
     owned = targets.desired_secret(
         None, owner=targets.Owner(ns, "app", hsec["metadata"]["uid"]),
         spec=api.parse_spec(hsec), rendered={"API_KEY": base64.b64encode(b"k").decode()},
-        version=1)
+        version=1, data_id="0123456789abcdef")
     kube.create(secret_path(ns), owned)
     kube.create(secret_path(ns), {"metadata": {"name": "merged"},
                                   "data": {"OTHER": base64.b64encode(b"o").decode()}})

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from himitsu_controller import api
+from himitsu_controller.sync.restarts.scheduler import record_of
 
 from .harness import Harness, hsec_body
 from .kind import OPERATOR_NAMESPACE
@@ -104,8 +105,8 @@ class Consumer:
             body["spec"]["minRestartInterval"] = window
         self.kube.create(hsec_path(ns), body)
         h.wait_ready(ns, "app")
-        wait_for(lambda: self.entry().get("dataMac"), timeout=SYNC_TIMEOUT,
-                 what="status.rolloutRestarts to record the data the pods have")
+        wait_for(self.recorded, timeout=SYNC_TIMEOUT,
+                 what="the Deployment to record the data its pods have")
 
     # -- what is observed ---------------------------------------------------------------
     def deployment(self) -> dict[str, Any]:
@@ -128,10 +129,12 @@ class Consumer:
             replica_sets=frozenset(rs["metadata"]["name"] for rs in replica_sets),
             pod_uids={p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods()})
 
-    def entry(self) -> dict[str, Any]:
-        status = self.h.get_hsec(self.ns, "app").get("status") or {}
-        (found,) = status.get("rolloutRestarts") or [{}]
-        return dict(found)
+    def recorded(self) -> bool:
+        """The Deployment's record (himitsu.io/started-with) names the data id the target
+        holds: no restart is owed."""
+        secret = self.kube.get(f"/api/v1/namespaces/{self.ns}/secrets/{TARGET}")
+        held = (secret["metadata"].get("annotations") or {}).get(api.ANN_DATA_ID)
+        return bool(held) and record_of(self.deployment()).get("app") == held
 
     def rolled_out(self) -> Snapshot | None:
         """The Deployment's current template on every replica, Ready, and no other pod
@@ -216,7 +219,7 @@ def test_a_changed_value_rolls_the_deployment_once_and_no_change_rolls_nothing(
 
     c.polls_pass(4)  # four refresh intervals, nothing changed in Himitsu
     assert c.snapshot() == rolled
-    assert "pendingSince" not in c.entry()
+    assert c.recorded()
     assert c.restarted_events() == 1
     h.wait_ready(ns, "app")
 
@@ -230,8 +233,7 @@ def test_three_quick_rotations_are_one_rollout_with_the_last_values(
     values = []
     for tag in ("one", "two", "three"):
         values.append(c.rotate(tag))
-        wait_for(lambda: c.entry().get("pendingSince"), timeout=SYNC_TIMEOUT,
-                 what="the restart owed for the change (status pendingSince)")
+        assert not c.recorded(), "the record names the new data: no restart owed"
         assert c.snapshot().restarted_at is None, \
             "restarted before the last rotation: the window did not batch them"
 
@@ -242,7 +244,7 @@ def test_three_quick_rotations_are_one_rollout_with_the_last_values(
     assert_replaced(c, first, rolled)
     c.assert_pods_print(rolled, values[-1])
 
-    wait_for(lambda: "pendingSince" not in c.entry(), timeout=SYNC_TIMEOUT,
+    wait_for(c.recorded, timeout=SYNC_TIMEOUT,
              what="no restart owed after the one for the three changes")
     c.polls_pass(3)
     assert c.snapshot() == rolled

@@ -315,7 +315,7 @@ def owner_target(env: Env) -> dict[str, Any]:
     spec = api.parse_spec(env.owner)
     body = targets.desired_secret(
         None, owner=targets.Owner(env.namespace, meta["name"], meta["uid"]), spec=spec,
-        rendered={"A": base64.b64encode(b"x").decode()}, version=1)
+        rendered={"A": base64.b64encode(b"x").decode()}, version=1, data_id="d1")
     body["metadata"]["name"] = unique("owned")
     return body
 
@@ -381,9 +381,12 @@ CHECKS: dict[Grant, Callable[[Env, RecordingRest], bool]] = {
         lambda kind, env, rest: succeeds(lambda: kube_client(rest).get_workload(
             env.namespace, kind, WORKLOAD)), kind) for kind in api.WORKLOAD_KINDS},
     **{("apps", f"{kind.lower()}s", "patch"): functools.partial(
-        lambda kind, env, rest: succeeds(lambda: kube_client(rest).restart_workload(
-            env.namespace, kind, WORKLOAD,
-            annotations={api.ANN_RESTARTED_AT: "2026-12-01T12:00:00.000000Z"})), kind)
+        lambda kind, env, rest: succeeds(lambda: kube_client(rest).patch_workload(
+            env.namespace, kind, WORKLOAD, resource_version=env.kube.get(
+                f"/apis/apps/v1/namespaces/{env.namespace}/{kind.lower()}s/{WORKLOAD}")[
+                "metadata"]["resourceVersion"],
+            annotations={api.ANN_STARTED_WITH: "rbac-owner=0123456789abcdef"},
+            template={api.ANN_RESTARTED_AT: "2026-12-01T12:00:00.000000Z"})), kind)
        for kind in api.WORKLOAD_KINDS},
     ("", "events", "create"): lambda env, rest: succeeds(
         lambda: kube_client(rest).record_event(

@@ -9,7 +9,7 @@ nothing after a restart) and compares the cache's resourceVersion with the one i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Memory", "resource_version", "uid_of"]
@@ -39,22 +39,19 @@ class Memory:
     # A first sync or repair wrote an answer older than its reconcile (shared, or from
     # memory while Himitsu refused): it takes only an answer asked for since this moment.
     revalidate: float | None = None
-    # The data the target holds (render.data_hash) and the target's rollout salt, as last
-    # written or confirmed here: what sync.rollout MACs its record of the pods' data with.
-    digest: str | None = None
-    salt: str | None = field(default=None, repr=False)
-    version: int | None = None  # the config version the target holds (its annotation)
-    changed_at: str | None = None  # its himitsu.io/data-changed-at
-    data_source: str | None = None  # its himitsu.io/source-hash
-    # A first sync's write: "created" the target, or "changed" one that existed (rollout).
-    first_write: str | None = None
     # The source (token hash included) Himitsu last refused with a 401/403, how many
     # times in a row, and until when it is not asked again while the token stays.
     refused: str | None = None
     refusals: int = 0
     refused_until: float = 0.0
-    # A key derived from the token: an older version's record is checked with it (rollout).
-    legacy_key: bytes | None = field(default=None, repr=False)
+    # sync.restarts: the data id the target holds, as written or seen here, and since when
+    # (None: it was there before this process looked); (digest, id) of the last few ids
+    # seen, so bytes put back get their id back; per named workload (kind, name) the id
+    # for which it is owed nothing.
+    data_id: str | None = None
+    data_since: float | None = None
+    data_ids: tuple[tuple[str, str], ...] = ()
+    workloads: dict[tuple[str, str], str] | None = None
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""

@@ -49,16 +49,19 @@ class SecretValue:
 
 
 class Workloads(Protocol):
-    """The apps/v1 workloads a HimitsuSecret restarts (``sync.restarter``): kind is
+    """The apps/v1 workloads a HimitsuSecret restarts (``sync.restarts``): kind is
     Deployment, StatefulSet or DaemonSet, in the HimitsuSecret's namespace."""
 
     def get_workload(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
         """The workload read directly (None: not found); KubeError when refused."""
-    def restart_workload(
-        self, namespace: str, kind: str, name: str, *, annotations: Mapping[str, str],
-    ) -> None:
-        """Set these ``spec.template.metadata.annotations`` (``himitsu.io/restartedAt``: a
-        patch, as ``kubectl rollout restart``); KubeError when refused or not found."""
+    def patch_workload(
+        self, namespace: str, kind: str, name: str, *, resource_version: str,
+        annotations: Mapping[str, str], template: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """The workload once one strategic merge patch set these ``metadata.annotations``
+        and ``template``'s in ``spec.template.metadata.annotations`` (a restart, as
+        ``kubectl rollout restart``), applied only to ``resource_version``: Conflict when
+        the workload changed since, KubeError when refused or not found."""
 
 
 class Kube(Workloads, Protocol):

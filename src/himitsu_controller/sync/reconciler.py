@@ -17,18 +17,18 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from secrets import token_hex
 from typing import Any, NoReturn
 
 import structlog
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
-from himitsu_controller.sync import allowlist, rollout, wakes
+from himitsu_controller.sync import allowlist, wakes
 from himitsu_controller.sync.context import Context
 from himitsu_controller.sync.memory import Memory, resource_version
 from himitsu_controller.sync.polling import lag, polls, schedule
 from himitsu_controller.sync.ports import Conflict, Fetcher, Kube, KubeError
+from himitsu_controller.sync.restarts import rule as restarts
 from himitsu_controller.sync.status import StatusWriter
 from himitsu_controller.sync.target import render, retire, targets, writes
 from himitsu_controller.sync.tokens import TokenError, TokenNotAllowed, TokenReader
@@ -79,7 +79,7 @@ class HimitsuSecretReconciler:
         self._status = StatusWriter(kube, now=now)
         self._memory: dict[str, Memory] = {}
         self._lock = threading.Lock()
-        self._rollouts = rollout.Rollouts(kube, self._status, now=self._clock)
+        self._restarts = restarts.Restarts(kube, self._status, now=self._clock)
         metrics.report_lag(self.lag)
 
     def reconcile(self, key: str) -> Result:
@@ -112,7 +112,7 @@ class HimitsuSecretReconciler:
         except KubeError as exc:  # a read of the target or a status patch was refused
             result = self._failed(ctx, spec, _Failure("WriteFailure", str(exc)))
         # Whatever the sync did, the workloads owed a restart get it when due.
-        return self._rollouts.after(ctx, spec, self._remember(ctx), result) \
+        return self._restarts.after(ctx, spec, self._remember(ctx), result) \
             if spec is not None else result
 
     # -- the happy path -------------------------------------------------------------
@@ -122,8 +122,7 @@ class HimitsuSecretReconciler:
         lag.first_sight(mem, last_sync_time=ctx.status.last_sync_time,
                         interval=spec.refresh_interval, in_step=wakes.in_step(ctx))
         moved = self._follow_spec(ctx, spec, mem, api_url)
-        deferred = None if rollout.pending(ctx.obj) else wakes.defer_after_restart(
-            self._kube, ctx, spec, mem, now=self._clock())
+        deferred = wakes.defer_after_restart(self._kube, ctx, spec, mem, now=self._clock())
         if deferred is not None:
             return deferred
         idle = wakes.woken_idle(self._kube, ctx, spec, mem, now=self._clock())
@@ -151,9 +150,7 @@ class HimitsuSecretReconciler:
         # The data must be written anew (a first sync, a repair, another token: a token's
         # hash is no part of the target's source stamp, but it is the poller's source).
         intact = held and mem.source in (None, source)
-        # A rollout salt we cannot vouch for is a stamp to put back (a full sync).
-        consistent = held and targets.holds_stamps(
-            target, owner=ctx.owner, spec=spec, salt=self._salt(ctx, spec, mem, target))
+        consistent = held and targets.holds_stamps(target, owner=ctx.owner, spec=spec)
         known = self._known_version(ctx, intact=consistent)
         floor = ctx.status.config_version if held else None
         # A wake before the poll is due, with the target holding our data (a foreign
@@ -185,8 +182,8 @@ class HimitsuSecretReconciler:
                 version=result.version), ctx.status.secret_count
         elif isinstance(result, himitsu.NotModified):
             data_changed, count = False, ctx.status.secret_count
-            # What the rollout record is compared with.
-            rollout.note_held(mem, target, self._salt(ctx, spec, mem, target))
+            # What the workloads' records are compared with.
+            restarts.learn(mem, target if spec.rollout.targets else None)
             if held_answer is None:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
         else:
@@ -240,10 +237,9 @@ class HimitsuSecretReconciler:
         the same token again is a quiet wait until its backoff ends (Ready says why)."""
         token = self._token(ctx.owner.namespace, spec, api_url,
                             max_age=schedule.TOKEN_RECHECK if mem.refused else None)
-        # One string for every reader of a source, not one per HimitsuSecret's memory;
-        # the token's key checks a rollout record an older version wrote (sync.rollout).
-        source, mem.legacy_key = sys.intern(himitsu.source_fingerprint(
-            api_url, spec.project_id, spec.environment_id, token)), rollout.legacy_key(token)
+        # One string for every reader of a source, not one per HimitsuSecret's memory.
+        source = sys.intern(himitsu.source_fingerprint(
+            api_url, spec.project_id, spec.environment_id, token))
         if mem.refused == source and not forced and mem.refused_until > now:
             raise _Requeue(self._recheck(spec, mem.refused_until - now))
         return token, source
@@ -269,14 +265,6 @@ class HimitsuSecretReconciler:
             raise _Requeue() from None
         except KubeError as exc:
             raise _Failure("WriteFailure", f"releasing an earlier target: {exc}") from None
-
-    def _salt(self, ctx: Context, spec: api.Spec, mem: Memory,
-              target: Mapping[str, Any] | None) -> str | None:
-        """The rollout salt to keep on the target (None: a fresh one is to be stamped):
-        ours, never one only someone else chose (``rollout.trusted_salt``)."""
-        if not spec.rollout.targets or mem.salt is not None:
-            return mem.salt if spec.rollout.targets else None
-        return rollout.trusted_salt(mem, target, self._status.rollout_entries(ctx.key, ctx.obj))
 
     def _follow_spec(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str) -> bool:
         """Memory follows the spec: a HimitsuSecret whose spec names another source leaves
@@ -428,20 +416,13 @@ class HimitsuSecretReconciler:
         self, ctx: Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
         rendered: dict[str, str], version: int,
     ) -> bool:
-        salt = (self._salt(ctx, spec, mem, target) or token_hex(16)) \
-            if spec.rollout.targets else None
-        # A first sync into a Secret that exists says so in the stamp: the restart it
-        # owes (its pods read that Secret) must survive a lost status write.
-        first = ctx.status.config_version is None
-        changed_at = rollout.changed_stamp(
-            salt, render.data_hash(rendered), self._clock(),
-            first_of=ctx.owner.uid if first and target is not None else None) \
-            if salt else None
-        marked = first and target is not None and rollout.first_change(target, ctx.owner.uid)
+        digest, before = render.data_hash(rendered), targets.annotations_of(target)
+        data_id = restarts.data_id(mem, target, digest)
+        if spec.rollout.targets and digest != before.get(api.ANN_DATA_HASH):
+            self._restarts.before_change(ctx, spec, target)  # what the pods have, first
         try:
             done = writes.write(self._kube, owner=ctx.owner, spec=spec, target=target,
-                                rendered=rendered, version=version, salt=salt,
-                                changed_at=changed_at)
+                                rendered=rendered, version=version, data_id=data_id)
         except writes.Refused as exc:
             raise _Failure(exc.reason, exc.message) from None
         except writes.Raced as exc:
@@ -457,14 +438,12 @@ class HimitsuSecretReconciler:
                     "retrying with backoff")) from None
             raise _Requeue(CONFLICT_REQUEUE * 2 ** (mem.races - 1)) from None
         except KubeError as exc:
+            mem.data_id = None  # the write may have landed: what the target holds is read
             raise _Failure("WriteFailure", str(exc)) from None
         mem.races = 0
-        rollout.note_held(mem, done.secret, salt)
-        if done.data_changed and first:
-            mem.first_write = "created" if done.created else \
-                mem.first_write if done.retyped_only else "changed"
-        elif marked:  # a first sync whose write an earlier process made, status lost
-            mem.first_write = "changed"
+        if spec.rollout.targets:
+            restarts.learn(mem, done.secret, since=self._clock()
+                           if data_id != before.get(api.ANN_DATA_ID) else None)
         mem.expect(resource_version(done.secret))
         if done.wrote:
             mem.read_live = False
@@ -552,5 +531,5 @@ class HimitsuSecretReconciler:
         with self._lock:
             self._memory.pop(key, None)
         self._status.forget(key)
-        self._rollouts.restarter.release(key)
+        self._restarts.forget(*key.partition("/")[::2])
         self._fetcher.release(key)  # the shared poller drops a source nobody reads any more

@@ -121,7 +121,7 @@ class StatusWriter:
                 self._event(obj, "Warning", reason, bounded(message + note))
 
     def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """``status.rolloutRestarts`` as we last wrote it (``sync.rollout``'s record)."""
+        """``status.rolloutRestarts`` as we last wrote it (``sync.restarts``)."""
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         with self._lock:  # no copy of the whole status: every reconcile asks
             remembered = self._written.get(key)

@@ -111,15 +111,14 @@ def held_answer(
     the answer it holds, and, when a spec edit left stamps to put back (a template
     label), the whole target and our data in it, to write without Himitsu. None: ask.
 
-    A stamp pruned from the target (an edit: a full sync) and a rollout salt to keep
-    (``sync.rollout``) go the poller's way."""
+    A stamp pruned from the target (an edit: a full sync) goes the poller's way."""
     version, since = ctx.status.config_version, not_due_since(ctx, spec, mem, now)
     if version is None or since is None:
         return None
     answer = himitsu.NotModified(version=version, age=now - since)
     if consistent:
         return answer, None
-    if ctx.status.observed_generation == ctx.generation or spec.rollout.targets:
+    if ctx.status.observed_generation == ctx.generation:
         return None
     whole = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
     if whole is None or resource_version(whole) != resource_version(target):

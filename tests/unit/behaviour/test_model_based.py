@@ -6,7 +6,8 @@ policy, format, refreshInterval including 0, force-sync), changes and deletes va
 Himitsu, deletes and edits targets (data, annotations, labels, ownerReference), puts a
 foreign Secret where a target goes, injects failures (Himitsu 5xx, another client
 spending the key's budget so Himitsu answers 429, slow answers, refused or lost
-Kubernetes writes), restarts the operator (all memory lost), and lets time pass,
+Kubernetes writes, the operator SIGKILLed right after one), restarts the operator (all
+memory lost: a crash, a rollout, a new leader), and lets time pass,
 stalls the process, or waits for a quiet period. The operator is the real one
 (model_world.py), the worlds are in memory (model_kube.py, model_himitsu.py) and the
 invariants are the oracle's (model_checks.py): none of them is what the code does,
@@ -150,7 +151,7 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
         slot, env, token, interval, policy, kind, fmt = spec
         if slot % 2 == 0 and self.world.server.get(DEPLOY, NS, f"w{slot}") is None:
             self.world.server.create(DEPLOY, NS, workload(slot))
-        self.oracle.rollout.reset(f"h{slot}")
+        self.oracle.rollout.named(f"h{slot}")
         obj = self.world.server.create(HSEC, NS, {
             "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": f"h{slot}"},
             "spec": {"apiUrl": API_URL, "projectId": PROJECT, "environmentId": ENVS[env],
@@ -299,9 +300,7 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
             obj["spec"]["refreshInterval"] = new
             server.update(HSEC, NS, f"h{slot}", obj)
         elif how == "spec_template":
-            # Stamps to put back around the data held; a rollout salt to keep takes the
-            # poller's copy, which a new process does not hold yet (one request a source).
-            quiet = quiet and not spec.rollout.targets
+            # Stamps to put back around the data held (its data id with it).
             obj["spec"]["target"].setdefault("template", {})["annotations"] = {
                 "example.com/note": f"v{n}"}
             server.update(HSEC, NS, f"h{slot}", obj)
@@ -403,6 +402,9 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
         assert not broken, "\n".join(broken[:5])
         if "wake" in self.checks:
             problems = self.oracle.wake_problems()
+            assert not problems, "\n".join(problems)
+        if "restart" in self.checks:
+            problems = self.oracle.rollout.due_problems()
             assert not problems, "\n".join(problems)
 
 

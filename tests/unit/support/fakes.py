@@ -281,7 +281,8 @@ class FakeKube:
         if reads is not None:
             pod["containers"][0]["envFrom"] = [{"secretRef": {"name": reads}}]
         obj = {"apiVersion": "apps/v1", "kind": kind,
-               "metadata": {"namespace": namespace, "name": name},
+               "metadata": {"namespace": namespace, "name": name,
+                            "resourceVersion": str(next(self._rv))},
                "spec": {"template": {"metadata": {}, "spec": pod}}}
         self.workloads[(namespace, kind, name)] = obj
         return obj
@@ -290,15 +291,25 @@ class FakeKube:
         self._maybe_fail("get_workload")
         return copy.deepcopy(self.workloads.get((namespace, kind, name)))
 
-    def restart_workload(self, namespace: str, kind: str, name: str, *,
-                         annotations: Mapping[str, str]) -> None:
-        self._maybe_fail("restart_workload")
+    def patch_workload(self, namespace: str, kind: str, name: str, *, resource_version: str,
+                       annotations: Mapping[str, str],
+                       template: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The apiserver's strategic merge patch of annotation maps, the body's
+        resourceVersion a precondition (409 when the workload moved on)."""
+        self._maybe_fail("patch_workload")
         obj = self.workloads.get((namespace, kind, name))
         if obj is None:
             raise KubeError(f"restarting {kind} {name!r} failed: 404 NotFound", status=404)
-        meta = obj["spec"]["template"].setdefault("metadata", {})
-        meta.setdefault("annotations", {}).update(annotations)
-        self.restarts.append((namespace, kind, name, annotations["himitsu.io/restartedAt"]))
+        meta = obj.setdefault("metadata", {})
+        if str(meta.get("resourceVersion")) != resource_version:
+            raise Conflict(f"{kind} {name!r} changed while patching", status=409)
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        meta["resourceVersion"] = str(next(self._rv))
+        if template:
+            tmeta = obj["spec"]["template"].setdefault("metadata", {})
+            tmeta["annotations"] = {**(tmeta.get("annotations") or {}), **template}
+            self.restarts.append((namespace, kind, name, template["himitsu.io/restartedAt"]))
+        return copy.deepcopy(obj)
 
     def record_event(
         self, obj: Mapping[str, Any], *, type: str, reason: str, message: str,

@@ -166,6 +166,7 @@ class Oracle:
             for trig in triggers:
                 trig.seen = True
         self.quiet.clear()
+        self.rollout.process_started()
         sources: dict[tuple[str, str], bool] = {}
         for obj in self.world.server.objects_of(HSEC):
             spec = api.parse_spec(obj)
@@ -203,17 +204,21 @@ class Oracle:
                            f"of the source was in sync at version {version} "
                            f"(If-None-Match: {request.if_none_match})")
 
+    def faulted(self) -> None:
+        self.rollout.fault()
+
     def before_write(self, method: str, resource: str, namespace: str, name: str,
                      body: Mapping[str, Any] | None) -> None:
         if resource == SECRET:
             self.merge.before_write(method, name, body)
         self.idle.before_write(method, resource, name)
+        if resource == DEPLOY:
+            self.rollout.patching(body)
         if resource != SECRET or method not in ("PUT", "DELETE"):
             return
         prior = self.world.server.get(SECRET, namespace, name)
         if prior is None:
             return
-        self.rollout.secret_written(name, prior)
         key, spec = self._current()
         if method == "DELETE":
             refs = (prior.get("metadata") or {}).get("ownerReferences") or []
@@ -259,9 +264,9 @@ class Oracle:
         if resource == SECRET:
             self.merge.after_write(method, name, stored)
         if resource == DEPLOY and method == "PATCH":
-            self.rollout.restarted(name)
-        elif resource == HSEC and stored is not None:
-            self.rollout.status_written(name, stored)
+            self.rollout.workload_patched(name)
+        elif resource == SECRET and method in ("POST", "PUT") and stored is not None:
+            self.rollout.target_written(name, method)
         if stored is None or spec is None:
             return
         if resource == SECRET and method in ("POST", "PUT") and name == spec.target.name:

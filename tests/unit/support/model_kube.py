@@ -226,14 +226,23 @@ class ApiServer:
 
     def patch(self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj:
         """A merge patch of the main resource (for the annotation maps a rollout restart
-        patches, what a strategic merge patch does too); the spec's generation moves."""
+        patches, what a strategic merge patch does too); a resourceVersion in it is a
+        precondition (409), and generation moves when the spec changes."""
         current = self.objects.get((resource, namespace, name))
         if current is None:
             raise status_error(404, "NotFound", f'{_kind(resource)} "{name}" not found')
+        expected = (patch.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != current["metadata"]["resourceVersion"]:
+            raise status_error(409, "Conflict", (
+                f'Operation cannot be fulfilled on {_kind(resource)} "{name}": the object '
+                "has been modified; please apply your changes to the latest version and "
+                "try again"))
         obj = merge_patch(current, patch)
+        obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         if obj == current:
             return copy.deepcopy(current)
-        obj["metadata"]["generation"] = current["metadata"]["generation"] + 1
+        if obj.get("spec") != current.get("spec"):
+            obj["metadata"]["generation"] = current["metadata"]["generation"] + 1
         return self._store(resource, namespace, name, current, obj)
 
     def delete(self, resource: str, namespace: str, name: str, *,
@@ -303,12 +312,19 @@ class Auditor(Protocol):
     def after_write(self, method: str, resource: str, namespace: str, name: str,
                     stored: Obj | None) -> None: ...
 
+    def faulted(self) -> None: ...
+
 
 _SECRETS = re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/secrets(?:/(?P<name>[^/]+))?")
 _HSECS = re.compile(rf"/apis/{api.GROUP}/{api.VERSION}/namespaces/(?P<ns>[^/]+)/{api.PLURAL}"
                     r"(?:/(?P<name>[^/]+)(?P<status>/status)?)?")
 _DEPLOYS = re.compile(r"/apis/apps/v1/namespaces/(?P<ns>[^/]+)/deployments(?:/(?P<name>[^/]+))?")
-FAULTS = ("error", "unreachable", "lost")
+FAULTS = ("error", "unreachable", "lost", "crash")
+
+
+class Crash(BaseException):
+    """The operator is SIGKILLed right after this write reached the apiserver (no
+    ``except Exception`` of the operator catches it: model_world.py starts a new process)."""
 
 
 class ModelRest:
@@ -316,7 +332,8 @@ class ModelRest:
 
     ``faults`` fails the next writes, one entry each: "error" (a 500, nothing applied),
     "unreachable" (no answer, nothing applied), "lost" (applied, then the answer is lost;
-    a delete is never lost, see test_model_based.py). ``spend`` is called once per
+    a delete is never lost, see test_model_based.py), "crash" (applied, then the process
+    dies: ``Crash``). ``spend`` is called once per
     request so each costs simulated time.
     """
 
@@ -350,6 +367,8 @@ class ModelRest:
             return found
         dry_run = "All" in _values((query or {}).get("dryRun"))
         fault = self.faults.pop(0) if self.faults else None
+        if fault is not None:
+            self._auditor.faulted()
         if fault in ("error", "unreachable"):
             if fault == "error":
                 raise status_error(500, "InternalError", "etcdserver: request timed out")
@@ -363,6 +382,8 @@ class ModelRest:
             self._auditor.after_write(method, resource, ns, target, stored)
         if fault == "lost" and not dry_run and method != "DELETE":
             raise TransportError(f"{method} {path}: connection reset by peer")
+        if fault == "crash" and not dry_run and method != "DELETE":
+            raise Crash(f"{method} {path}")
         return stored or {}
 
     def _write(self, method: str, resource: str, ns: str, name: str | None, body: Any, *,

@@ -1,18 +1,23 @@
-"""The model's restart oracle (issue 16): the HimitsuSecrets of even slots ``h<slot>`` name
+"""The model's restart oracle (issue 22): the HimitsuSecrets of even slots ``h<slot>`` name
 Deployment ``w<slot>``, whose pods read the target ``t<slot>`` (half of them: what the
 model costs stays within its time budget, and the others prove nothing changes without).
 
-The oracle keeps the data ``w<slot>``'s pods were last started with: the rendering the
-target held when the HimitsuSecret's rolloutRestarts entry was first recorded (the
-documented baseline: an entry seen for the first time takes the data as the pods have
-it; a new token changes nothing), unless its first sync changed a target that existed
-(the pods have what it held before: a restart is owed), then the rendering at each
-restart. Computed from Himitsu's history and the spec (``render``), never from the
-operator's record. Checked:
+The oracle keeps the data ``w<slot>``'s pods were last started with, computed from
+Himitsu's history and the spec (``render``), never from the operator's record: when
+``h<slot>`` is created (the workload is first named), what the target holds ("not ours"
+for someone else's Secret, as a Merge target's first sync finds; none yet for a missing
+target: the pods start with what the first write puts there), then the rendering at each
+restart. Checked (``restart``):
 
-* ``restart``: a restart (a patch of the Deployment) happens only while the target's
-  rendering differs from what the pods have; after a quiet period, the pods of every
-  Ready HimitsuSecret have its target's rendering (no restart owed is lost).
+* a restart (a patch of the pod template) happens only while the target's rendering
+  differs from what the pods have, except after the accepted trade (the target created
+  anew, or the operator restarted while a change was owed: it cannot know the bytes
+  came back), and never within ``WINDOW`` of the workload's previous restart;
+* while a restart is owed, the HimitsuSecret has a wake no later than the window after
+  the change reached the Secret, or after the operator (re)started (a crash or a new
+  leader: "at once"), never sooner than a window after the last restart; a Kubernetes
+  fault since excuses it (its retries back off);
+* after a quiet period, the pods of every Ready HimitsuSecret have its target's rendering.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ if TYPE_CHECKING:
 
 NS = "apps"
 WINDOW = "3s"  # the HimitsuSecrets' minRestartInterval
+WINDOW_S = 3.0
+SLACK = 1.0  # seconds: requests' latency between the write and the operator's clock read
+NOT_OURS = {"": "not a rendering of this HimitsuSecret"}
+PENDING = {"": "no target yet: the pods start with what the first write puts there"}
 
 
 def workload(slot: int) -> dict[str, Any]:
@@ -50,41 +59,99 @@ class RolloutOracle:
     def __init__(self, world: World, violation: Callable[[str], None]) -> None:
         self.world = world
         self.violation = violation
-        self.pods: dict[str, dict[str, str] | None] = {}  # h<slot> -> rendering; None: unknown
-        self.before: dict[str, Any] = {}  # h<slot> -> its target's data before its first sync
+        self.pods: dict[str, dict[str, str]] = {}  # h<slot> -> the rendering its pods have
+        self.owed: dict[str, float] = {}  # h<slot> -> since when the target differs (sim s)
+        self.excused: set[str] = set()  # h<slot> whose next restart may be a needless one
+        self.restarted_at: dict[str, float] = {}
+        self.started = 0.0  # when the current operator process started
+        self.faulted = -1.0  # when a Kubernetes fault was last served
+        self._patch: Mapping[str, Any] = {}
+
+    def named(self, name: str) -> None:
+        """``name`` is about to be created: its workload is named (kept if it was before:
+        the workload's pods do not change with the HimitsuSecret)."""
+        if int(name[1:]) % 2 == 0 and self.pods.get(name, PENDING) is PENDING:
+            target = self.world.server.get(SECRET, NS, f"t{name[1:]}")
+            self.pods[name] = PENDING if target is None else NOT_OURS
 
     def reset(self, name: str) -> None:
-        """A new HimitsuSecret in the slot, or a new token: the baseline is taken anew."""
-        self.pods[name] = None
-        self.before.pop(name, None)
+        """``name`` names its workload no more (its target moved): nothing is owed, and
+        should it come back, bytes under another id may cost a restart (the trade)."""
+        self.owed.pop(name, None)
+        self.excused.add(name)
 
-    def secret_written(self, target: str, prior: Mapping[str, Any]) -> None:
-        """An update or replacement of target ``t<slot>`` that existed, by its
-        HimitsuSecret's first sync (no configVersion yet): what its pods read before."""
-        name = "h" + target.removeprefix("t")
-        obj = self.world.server.get(HSEC, NS, name)
-        if obj is not None and self.pods.get(name) is None and \
-                "configVersion" not in (obj.get("status") or {}):
-            self.before.setdefault(name, prior.get("data") or {})
+    def process_started(self) -> None:
+        self.started = self.world.clock.t
+        self.excused.update(self.owed)  # a change put back now gets a new id
 
-    def status_written(self, name: str, stored: Mapping[str, Any]) -> None:
-        if self.pods.get(name) is None and (stored.get("status") or {}).get("rolloutRestarts"):
-            # What the pods read before that first sync: no rendering of this source.
-            target = self.world.server.get(SECRET, NS, f"t{name[1:]}") or {}
-            changed = name in self.before and self.before[name] != (target.get("data") or {})
-            self.pods[name] = {"": "before the first sync"} if changed else self.rendering(name)
+    def fault(self) -> None:
+        self.faulted = self.world.clock.t
 
-    def restarted(self, workload_name: str) -> None:
+    def patching(self, body: Mapping[str, Any] | None) -> None:
+        self._patch = body or {}
+
+    def workload_patched(self, workload_name: str) -> None:
         name = "h" + workload_name.removeprefix("w")
-        now = self.rendering(name)
-        before = self.pods.get(name)
-        if before is not None and now == before:
+        now, t = self.rendering(name), self.world.clock.t
+        if "spec" not in self._patch:  # only a record: no restart
+            return
+        if name not in self.excused and self.pods.get(name) == now:
             self.violation(f"restart: {workload_name} restarted although its pods have the "
                            f"data its target {name}'s rendering holds (keys {sorted(now or {})})")
-        self.pods[name] = now
+        last = self.restarted_at.get(name)
+        if last is not None and t - last < WINDOW_S - 1e-3:
+            self.violation(f"restart: {workload_name} restarted {t - last:.3f} s after its "
+                           f"previous restart, within minRestartInterval {WINDOW}")
+        self.pods[name] = NOT_OURS if now is None else now
+        self.restarted_at[name] = t
+        self.excused.discard(name)
+        self.owed.pop(name, None)
+
+    def target_written(self, target: str, method: str) -> None:
+        name = "h" + target.removeprefix("t")
+        if self.pods.get(name) is PENDING:  # the pods waited for a target: the first one
+            now = self.rendering(name) if method == "POST" else None  # else someone else's
+            self.pods[name] = NOT_OURS if now is None else now
+        elif method == "POST":
+            self.excused.add(name)  # the trade: a target created anew may cost a restart
+        self._note(name)
+
+    def _note(self, name: str) -> None:
+        if name not in self.pods:
+            return
+        now = self.rendering(name)
+        if now is None:  # no rendering of this HimitsuSecret's (gone, foreign): none owed
+            return
+        if now == self.pods[name]:
+            self.owed.pop(name, None)
+        else:
+            self.owed.setdefault(name, self.world.clock.t)
+
+    def due_problems(self) -> list[str]:
+        """Every restart owed has its wake in time (see the module docstring)."""
+        process, problems = self.world.process, []
+        assert process is not None
+        for name, since in list(self.owed.items()):
+            if self.world.server.get(HSEC, NS, name) is None:
+                del self.owed[name]  # one created again owes from its own first write
+                continue
+            if since <= self.faulted or process.hsecs.store.get(f"{NS}/{name}") is None or \
+                    self.rendering(name) is None:  # its target is someone else's now
+                continue  # retries back off; an object the informer has not shown yet
+            limit = max(since + WINDOW_S, self.started,
+                        self.restarted_at.get(name, -WINDOW_S) + WINDOW_S) + SLACK
+            wake = process.wake_of(f"{NS}/{name}")
+            at = None if wake is None else wake - self.world.clock.epoch() + self.world.clock.t
+            if wake is None or (wake != 0.0 and at is not None and at > limit):
+                problems.append(f"restart: {name} owes w{name[1:]} a restart since "
+                                f"t={since:.3f}s, but its next wake is "
+                                f"{'none' if at is None else f't={at:.3f}s'} (due by "
+                                f"t={limit:.3f}s)")
+        return problems
 
     def rendering(self, name: str) -> dict[str, str] | None:
-        """The rendering of Himitsu's data at the version the target's annotation names."""
+        """The rendering of Himitsu's data at the version the target's annotation names,
+        when ``name`` wrote the target."""
         obj = self.world.server.get(HSEC, NS, name)
         if obj is None:
             return None
@@ -92,10 +159,13 @@ class RolloutOracle:
             spec = api.parse_spec(obj)
         except api.InvalidSpec:
             return None
+        if not spec.rollout.targets or spec.target.name != f"t{name[1:]}":
+            return None  # moved to another target (merge rules): it names no workload
         target = self.world.server.get(SECRET, NS, spec.target.name)
         ann = ((target or {}).get("metadata") or {}).get("annotations") or {}
         env, version = ann.get(api.ANN_ENVIRONMENT_ID), ann.get(api.ANN_CONFIG_VERSION, "")
-        if env not in self.world.himitsu.history or not version.isdigit():
+        if env not in self.world.himitsu.history or not version.isdigit() or \
+                ann.get(api.ANN_OWNED_BY) != name:  # another's (a successor's, merge rules)
             return None
         tpl = spec.target.template
         try:
@@ -110,9 +180,10 @@ class RolloutOracle:
             name = obj["metadata"]["name"]
             ready = [c for c in (obj.get("status") or {}).get("conditions") or []
                      if c.get("type") == "Ready" and c.get("status") == "True"]
-            pods = self.pods.get(name)
-            named = (obj.get("spec") or {}).get("rolloutRestartTargets")  # none: no one's
-            if ready and named and pods is not None and pods != self.rendering(name):
+            if not ready or not (obj["spec"].get("rolloutRestartTargets")):
+                continue
+            if self.pods.get(name, PENDING) is not PENDING and \
+                    self.pods[name] != self.rendering(name):
                 problems.append(f"restart: after a quiet period w{name[1:]}'s pods still have "
                                 f"older data than {name}'s target")
         return problems

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from model_checks import Oracle
 from model_himitsu import ModelHimitsu, session_for
-from model_kube import HSEC, SECRET, ApiServer, Change, ModelRest, matches
+from model_kube import HSEC, SECRET, ApiServer, Change, Crash, ModelRest, matches
 from reconcile_world import T0_EPOCH, SimClock
 
 from himitsu_controller import api, cli, himitsu, kube
@@ -202,7 +202,11 @@ class World:
             self.server.collect_garbage()
             assert self.process is not None
             self.process.resync_due(self.clock.epoch())
-            if self._work_one():
+            try:
+                if self._work_one():
+                    continue
+            except Crash:  # SIGKILL after a write: a new process (or leader) takes over
+                self.restart()
                 continue
             process = self.process
             times = [*process.timers(), process.resync_at,

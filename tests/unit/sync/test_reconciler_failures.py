@@ -303,18 +303,20 @@ def test_a_spec_edit_keeping_the_source_rewrites_the_target_from_its_own_data(
     assert world.data() == data and world.status()["observedGeneration"] == 2
 
 
-def test_a_spec_edit_keeping_the_source_takes_an_answer_as_recent_as_the_one_held(
+def test_a_spec_edit_keeping_the_source_asks_nothing_with_workloads_to_restart_too(
     world: World,
 ) -> None:
-    # With workloads to restart, the rollout salt is kept by a write from the poller's
-    # copy: an answer as recent as the one held, asking Himitsu nothing per object.
+    # The stamps go back around the data held, its data id with it: nothing to restart,
+    # nothing to ask Himitsu.
     world.edit_spec(rolloutRestartTargets=[{"kind": "Deployment", "name": "web"}])
     world.sync(5)
+    held = world.target()["metadata"]["annotations"][api.ANN_DATA_ID]
     world.clock.advance(40)
     world.edit_target_spec(template={"labels": {"team": "a"}})
-    world.sync(5)
-    assert world.fetcher.max_ages[-1] == pytest.approx(40.0)
+    world.reconcile()
+    assert len(world.fetcher.calls) == 1
     assert world.target()["metadata"]["labels"]["team"] == "a"
+    assert world.target()["metadata"]["annotations"][api.ANN_DATA_ID] == held
 
 
 def test_last_sync_time_is_when_himitsu_answered(world: World) -> None:

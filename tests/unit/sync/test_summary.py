@@ -213,7 +213,8 @@ def test_a_target_written_for_any_template_accepted_is_intact_as_the_cache_shows
         return
     owner = targets.Owner(namespace=NS, name="app-config", uid="u")
     written = targets.desired_secret(None, owner=owner, spec=spec,
-                                     rendered={"A": b64("a")}, version=3)
+                                     rendered={"A": b64("a")}, version=3,
+                                     data_id="d1")
     assert targets.is_consistent(summary.secret(written), owner=owner, spec=spec, version=3)
 
 

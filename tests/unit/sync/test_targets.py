@@ -51,7 +51,8 @@ RENDERED = {"A": b64("1"), "B": b64("2")}
 def written(spec: api.Spec, rendered: dict[str, str] | None = None, *, version: int = 5,
             existing: dict[str, Any] | None = None) -> dict[str, Any]:
     return targets.desired_secret(existing, owner=OWNER, spec=spec,
-                                  rendered=rendered or RENDERED, version=version)
+                                  rendered=rendered or RENDERED, version=version,
+                                  data_id="d1")
 
 
 def never_exists(_name: str) -> bool:
@@ -74,7 +75,7 @@ def test_missing_target_is_free() -> None:
 def test_target_owned_by_another_existing_himitsu_secret_is_a_conflict() -> None:
     theirs = targets.desired_secret(
         None, owner=targets.Owner("apps", "other", "uid-2"), spec=make_spec(),
-        rendered=RENDERED, version=1)
+        rendered=RENDERED, version=1, data_id="d1")
     asked: list[str] = []
 
     def exists(name: str) -> bool:
@@ -95,7 +96,7 @@ def test_a_target_created_for_a_himitsu_secret_that_is_gone_is_nobodys_to_take()
     consent, whatever managed-by label or controller reference it carries."""
     theirs = targets.desired_secret(
         None, owner=targets.Owner("apps", "gone", "uid-2"), spec=make_spec(),
-        rendered=RENDERED, version=1)
+        rendered=RENDERED, version=1, data_id="d1")
     with pytest.raises(targets.TargetConflict, match="never adopts an existing Secret"):
         targets.check_ownership(theirs, owner=OWNER, policy="Owner",
                                 himitsu_secret_exists=never_exists)
@@ -208,6 +209,7 @@ def test_owner_desired_secret_new() -> None:
         api.ANN_ENVIRONMENT_ID: spec.environment_id,
         api.ANN_SOURCE: spec.source_hash(),
         api.ANN_DATA_HASH: data_hash(RENDERED),
+        api.ANN_DATA_ID: "d1",
     }
     assert meta["ownerReferences"] == [{
         "apiVersion": "himitsu.io/v1alpha1", "kind": "HimitsuSecret", "name": "app-config",
@@ -333,7 +335,7 @@ def test_merge_keys_of_a_vanished_owner_are_kept_or_overwritten_never_removed() 
     spec = make_spec(policy="Merge")
     theirs = targets.desired_secret(
         foreign_secret({"HELM_KEY": "h"}), owner=targets.Owner("apps", "gone", "u2"),
-        spec=spec, rendered={"OLD": b64("o"), "A": b64("0")}, version=1)
+        spec=spec, rendered={"OLD": b64("o"), "A": b64("0")}, version=1, data_id="d1")
     body = written(spec, {"A": b64("1")}, existing=theirs)
     assert body["data"] == {"HELM_KEY": b64("h"), "OLD": b64("o"), "A": b64("1")}
     assert body["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "A"

@@ -27,8 +27,6 @@ from himitsu_controller.sync import summary
 from himitsu_controller.sync.target import stamps
 from himitsu_controller.sync.target.render import data_hash
 
-_ANY: Any = object()  # holds_stamps: any rollout salt will do
-
 
 class TargetConflict(Exception):
     """The target belongs to someone else; the message says who, never any value."""
@@ -184,25 +182,20 @@ def holds_own_data(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.
     )
 
 
-def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
-                 salt: str | None = _ANY) -> bool:
+def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
     """Every label, annotation and reference we stamp is still there: a pruned one (a
     GitOps tool's doing) is put back by the full sync a mismatch asks for, and a removed
-    controller reference would leave the Secret to outlive its owner. With workloads to
-    restart, that includes the rollout salt ``salt`` (None: none we trust is there yet;
-    left out: any)."""
+    controller reference would leave the Secret to outlive its owner."""
     if secret is None:
         return False
     meta = secret.get("metadata") or {}
-    have_salt = annotations_of(secret).get(api.ANN_ROLLOUT_SALT)
     # Stamping and templating it again would change nothing (a template key removed
     # since is still there, one added is missing: both a full sync's to repair).
     want_labels, want_ann = stamps.metadata(secret, name=owner.name, uid=owner.uid, spec=spec)
     return (
         dict(labels(secret)) == want_labels
         and dict(annotations_of(secret)) == want_ann
-        and (not spec.rollout.targets
-             or (bool(have_salt) and (salt is _ANY or have_salt == salt)))
+        and bool(annotations_of(secret).get(api.ANN_DATA_ID))
         and (spec.target.creation_policy != "Owner"
              or _owner_ref(owner) in (meta.get("ownerReferences") or []))
     )
@@ -217,14 +210,11 @@ def _owner_ref(owner: Owner) -> dict[str, Any]:
 
 def desired_secret(
     existing: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
-    rendered: Mapping[str, str], version: int, salt: str | None = None,
-    changed_at: str | None = None,
+    rendered: Mapping[str, str], version: int, data_id: str,
 ) -> dict[str, Any]:
     """The full Secret we want, built on top of ``existing`` so foreign metadata survives
-    (a whole Secret: a summary has no values to keep). A HimitsuSecret that names workloads
-    to restart stamps ``salt`` as its rollout salt, over whatever the target carried: only
-    the operator chooses it (``sync.rollout.trusted_salt``); and ``changed_at`` when the
-    data changes, in the same write."""
+    (a whole Secret: a summary has no values to keep); ``data_id``: the id of ``rendered``
+    (``sync.restarts.rule.data_id``)."""
     if summary.is_summary(existing):
         raise ValueError("a cached Secret summary is no base for a write")
     policy = spec.target.creation_policy
@@ -254,11 +244,8 @@ def desired_secret(
         api.ANN_CONFIG_VERSION: str(version),
         api.ANN_SOURCE: spec.source_hash(),
         api.ANN_DATA_HASH: data_hash(rendered),
+        api.ANN_DATA_ID: data_id,
     })
-    if spec.rollout.targets and salt:
-        ann[api.ANN_ROLLOUT_SALT] = salt
-        if changed_at and ((existing or {}).get("data") or {}) != data:
-            ann[api.ANN_DATA_CHANGED_AT] = changed_at
     if policy == "Merge":
         ann[api.ANN_MANAGED_KEYS] = ",".join(sorted(rendered))
     else:

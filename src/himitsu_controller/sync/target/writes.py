@@ -71,12 +71,10 @@ class Written:
 
 def write(
     kube: Kube, *, owner: targets.Owner, spec: api.Spec, target: dict[str, Any] | None,
-    rendered: dict[str, str], version: int, salt: str | None = None,
-    changed_at: str | None = None,
+    rendered: dict[str, str], version: int, data_id: str,
 ) -> Written:
-    """Bring ``target`` (None: there is none) to what ``spec`` and ``rendered`` ask for;
-    ``salt``: the rollout salt to stamp, over whatever salt the target carries, and
-    ``changed_at`` if the data changes (``targets``).
+    """Bring ``target`` (None: there is none) to what ``spec`` and ``rendered`` (whose
+    data id is ``data_id``) ask for.
 
     Raises Refused (nothing was written), Raced, or KubeError (a write was refused; for
     a replacement, only ever the create after the delete, which the dry run vouched for).
@@ -98,7 +96,7 @@ def write(
         desired = targets.desired_secret(
             _carried_over(target, spec) if target is not None and replacing else target,
             owner=owner, spec=spec,
-            rendered=rendered, version=version, salt=salt, changed_at=changed_at)
+            rendered=rendered, version=version, data_id=data_id)
     except targets.TargetConflict as exc:
         raise Refused("TargetConflict", str(exc)) from None
     try:

@@ -1,0 +1,1 @@
+"""Restarting the workloads that read a target when its data changes (issue 22)."""

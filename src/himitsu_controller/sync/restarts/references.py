@@ -1,0 +1,71 @@
+"""May a HimitsuSecret restart a workload: the Secrets its pods read, or its owner's consent.
+
+A restart is worth its disruption only when the pods read the Secret whose data changed:
+an ``envFrom`` ``secretRef``, an ``env`` ``valueFrom.secretKeyRef`` (init containers
+too), or a ``secret`` volume or projected ``secret`` source that a container mounts (a
+volume no container mounts reaches no process; ``imagePullSecrets`` do not count). Any
+other workload is restarted only with its owner's consent, on the workload itself
+(``himitsu.io/allow-restart-by``: HimitsuSecret names, or ``*``): whoever may create a
+HimitsuSecret must not be able to restart every workload of the namespace by naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from himitsu_controller import api
+
+__all__ = ["allowed", "refused", "secrets_read", "unreferenced"]
+
+
+def allowed(workload: Mapping[str, Any], holder: str, secret: str) -> bool:
+    """HimitsuSecret ``holder``, whose target is ``secret``, may restart ``workload``."""
+    raw = _map(_map(workload.get("metadata")).get("annotations")).get(api.ANN_ALLOW_RESTART_BY)
+    consent = {part.strip() for part in raw.split(",")} if isinstance(raw, str) else set()
+    return secret in secrets_read(workload) or "*" in consent or holder in consent
+
+
+def secrets_read(workload: Mapping[str, Any]) -> set[str]:
+    """Names of the Secrets the pods of ``workload`` (apps/v1) read."""
+    pod = _map(_map(_map(workload.get("spec")).get("template")).get("spec"))
+    containers = [_map(c) for f in ("initContainers", "containers") for c in _list(pod.get(f))]
+    mounted = {_map(m).get("name") for c in containers for m in _list(c.get("volumeMounts"))}
+    names = {_map(_map(s).get("secretRef")).get("name")
+             for c in containers for s in _list(c.get("envFrom"))}
+    names |= {_map(_map(_map(v).get("valueFrom")).get("secretKeyRef")).get("name")
+              for c in containers for v in _list(c.get("env"))}
+    for volume in (v for v in map(_map, _list(pod.get("volumes"))) if v.get("name") in mounted):
+        names.add(_map(volume.get("secret")).get("secretName"))
+        names |= {_map(_map(s).get("secret")).get("name")
+                  for s in _list(_map(volume.get("projected")).get("sources"))}
+    return {str(n) for n in names if n}
+
+
+def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:
+    return (f"{kind} {name!r} does not read Secret {secret!r} (no envFrom, env valueFrom, "
+            "or mounted secret or projected volume names it): not restarted; its owner may "
+            f"allow it with the annotation {api.ANN_ALLOW_RESTART_BY}={holder} (or *) on "
+            "the workload")
+
+
+def refused(kind: str, name: str, exc: Exception) -> str:
+    """A failed read or patch of a workload, as its HimitsuSecret's owner reads it: a 403
+    is almost always an install without the optional rollout-restart RBAC."""
+    text, status = str(exc), getattr(exc, "status", 0)
+    if not text.startswith(("reading", "restarting")):
+        text = f"restarting {kind} {name!r} failed: {text}"
+    if status == 403:
+        text += (f"; rollout restarts need get and patch on {kind}s, which this install "
+                 "may not grant: enable them (Helm: --set rolloutRestarts.enabled=true; "
+                 "kubectl/kustomize: deploy/components/rollout-restarts), or remove "
+                 f"{kind} {name!r} from rolloutRestartTargets")
+    return text
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -1,0 +1,170 @@
+"""When a HimitsuSecret's workloads owe a restart: the data their pods were started with.
+
+A write of other bytes stamps a random data id on the target (``data_id``); each named
+workload records the id its pods were started with (``scheduler.record_of``). A restart is
+owed exactly while the two differ. A workload without a record gets one, what its pods
+have, before the first write that changes the bytes (``before_change``), so a crash
+between that write and the restart loses nothing. docs/design/restarts.md says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from secrets import token_hex
+from typing import Any
+
+import structlog
+
+from himitsu_controller import api, metrics
+from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync.context import Context
+from himitsu_controller.sync.memory import Memory
+from himitsu_controller.sync.polling import schedule
+from himitsu_controller.sync.ports import Kube, KubeError
+from himitsu_controller.sync.restarts.scheduler import Claim, Key, Scheduler, stamp
+from himitsu_controller.sync.status import StatusWriter, bounded
+from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_data
+
+__all__ = ["Restarts", "data_id", "learn"]
+
+log = structlog.get_logger(__name__)
+NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did not write
+
+
+def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
+    """The id to stamp for data ``digest``: the target's while it records these bytes,
+    else the one this process stamped for them last (a change put back), else a new one."""
+    ann = annotations_of(target)
+    if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
+        return ann[api.ANN_DATA_ID]
+    return dict(mem.data_ids).get(digest) or token_hex(8)
+
+
+def learn(mem: Memory, secret: Mapping[str, Any] | None, *, since: float | None = None) -> None:
+    """The target holds ``secret``'s data id, since ``since`` (None: since before we looked)."""
+    ann = annotations_of(secret)
+    new, digest = ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH)
+    if new and new != mem.data_id:
+        mem.data_id, mem.data_since = new, since
+    if new and digest:
+        mem.data_ids = ((digest, new), *(p for p in mem.data_ids if p[0] != digest))[:4]
+
+
+class Restarts:
+    def __init__(self, kube: Kube, status: StatusWriter, *, now: Callable[[], float]) -> None:
+        self._kube, self._status, self._now = kube, status, now
+        self.scheduler = Scheduler(kube, now=now, current=self._current)
+
+    def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
+                      ) -> None:
+        """A write is about to put other bytes in ``target``: each named workload without
+        a record gets one, what its pods have now (none can have read a missing target)."""
+        ann, on_create = annotations_of(target), _on_create(ctx, spec)
+        if target is None and not on_create:
+            return
+        ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and not on_create
+        value = (ann.get(api.ANN_DATA_ID) if ours else None) or NOT_OURS
+        for t in (t for t in spec.rollout.targets if t.supported):
+            try:
+                self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
+                                        spec.target.name, value)
+            except KubeError as exc:  # then it gets the new data's id: one restart less
+                log.warning("recording a workload failed", key=ctx.key, error=str(exc))
+
+    def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:
+        """``result`` (whatever the sync did), woken in time for the restarts owed."""
+        try:
+            wake = self._step(ctx, spec, mem)
+        except KubeError as exc:  # the status patch: retried
+            log.warning("rollout status update failed", key=ctx.key, error=str(exc))
+            wake = self._now() + 1.0
+        if wake is None:
+            return result
+        delay = schedule.requeue_delay(self._now(), wake)
+        if result.requeue_after is not None and 0 < result.requeue_after <= delay:
+            return result
+        return Result(requeue_after=delay, error=result.error)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.scheduler.release(namespace, name)
+
+    def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
+        ns, named, owed = ctx.owner.namespace, spec.rollout.targets, set()
+        previous = self._status.rollout_entries(ctx.key, ctx.obj)
+        if mem.data_id is None:  # else as the cached target shows it, when it holds our data
+            target = self._kube.get_secret(ns, spec.target.name, cached=True)
+            learn(mem, target if holds_own_data(target, owner=ctx.owner, spec=spec) else None)
+        held = mem.data_id
+        if held is None and named:
+            return None  # what the target holds is not known: nothing is decided
+        old = {(e.get("kind"), e.get("name")): e for e in previous}
+        entries: list[dict[str, Any]] = []
+        wakes: list[float] = []
+        for t in named:
+            before: Mapping[str, Any] = old.get((t.kind, t.name), {})
+            entry = {"kind": t.kind, "name": t.name, **{
+                k: before[k] for k in ("lastRestart", "warning") if k in before}}
+            if not t.supported:
+                entry["warning"] = (f"kind {t.kind!r} cannot be restarted: only "
+                                    f"{', '.join(api.WORKLOAD_KINDS)}")
+            elif (mem.workloads or {}).get((t.kind, t.name)) != held:
+                out = self.scheduler.settle((ns, t.kind, t.name), Claim(
+                    holder=ctx.owner.name, secret=spec.target.name, data_id=str(held),
+                    since=mem.data_since, window=spec.rollout.min_interval,
+                    baseline=NOT_OURS if _on_create(ctx, spec) else str(held)))
+                if out.wake is not None:
+                    wakes.append(out.wake)
+                    owed.add((ns, t.kind, t.name))
+                else:  # nothing more owed for this data
+                    entry.pop("warning", None)
+                    mem.workloads = {**(mem.workloads or {}), (t.kind, t.name): str(held)}
+                if out.message:
+                    entry["warning"] = bounded(out.message)
+                elif out.restarted:
+                    entry["lastRestart"] = stamp(out.restarted)
+            self._report(ctx.obj, t, spec.target.name, before, entry)
+            entries.append(entry)
+        self.scheduler.release(ns, ctx.owner.name, keep=frozenset(owed))
+        self._status.rollouts(ctx.key, ctx.obj, entries)
+        return min(wakes, default=None)
+
+    def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
+        """Every HimitsuSecret naming the workload: its target, and the id it holds (read
+        directly: memory and caches may lag a write whose answer was lost)."""
+        found: dict[str, tuple[str, str | None]] = {}
+        for obj in self._kube.list_himitsu_secrets():
+            meta = obj.get("metadata") or {}
+            try:
+                spec = api.parse_spec(obj) if meta.get("namespace") == key[0] else None
+            except api.InvalidSpec:
+                continue
+            if spec and any((t.kind, t.name) == key[1:] for t in spec.rollout.targets):
+                owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid")))
+                target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
+                held = holds_own_data(target, owner=owner, spec=spec)
+                found[owner.name] = (spec.target.name, annotations_of(target).get(
+                    api.ANN_DATA_ID) if held else None)
+        return found
+
+    def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
+                before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+        """An Event when a restart was made for this object, or a warning appears."""
+        events, warning = [], str(after.get("warning") or "")
+        if after.get("lastRestart") and after.get("lastRestart") != before.get("lastRestart"):
+            events.append(("Normal", "RolloutRestarted", f"Restarted {target.kind} "
+                           f"{target.name!r}: the data of Secret {secret!r} changed"))
+        if warning and warning != before.get("warning"):
+            if not target.supported:
+                metrics.count_rollout("skipped_kind")
+            events.append(("Warning", "RolloutRestartFailed" if warning.startswith(
+                ("reading", "restarting")) else "RolloutRestartSkipped", warning))
+        for kind, reason, message in events:
+            try:
+                self._kube.record_event(obj, type=kind, reason=reason, message=message)
+            except Exception as exc:  # best effort, as every Event
+                log.warning("recording event failed", reason=reason, error=type(exc).__name__)
+
+
+def _on_create(ctx: Context, spec: api.Spec) -> bool:
+    """A first sync that is to restart the workloads anyway (``rolloutRestartOnCreate``)."""
+    return ctx.status.config_version is None and spec.rollout.on_create
