@@ -42,15 +42,15 @@ from urllib.parse import quote, urlencode
 import structlog
 import urllib3
 
-from himitsu_controller.runtime.client.credentials import bearer
-from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
-from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
-from himitsu_controller.runtime.client.kubeconfig import (
+from himitsu_controller.runtime.client.config import (
     ConfigError,
     load_api_client,
     load_client_config,
     new_api_client,
 )
+from himitsu_controller.runtime.client.credentials import bearer
+from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
+from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
 from himitsu_controller.runtime.client.transport import REFRESH_SECONDS, LeanTransport, encode_body
 from himitsu_controller.runtime.client.watchstream import WatchStream
 from himitsu_controller.runtime.leader.writegate import WriteGate

@@ -121,13 +121,13 @@ class LeanTransport:
 
     def _build(self, now: float) -> Route:
         client = self._client
-        auth = client.credentials.current()  # may run a plugin; CredentialError
+        auth = client.credentials.current()  # may run a kubeconfig plugin; CredentialError
         headers: dict[str, str] = {"Accept": JSON}
         if self._user_agent is not None:
             headers["User-Agent"] = self._user_agent
         if auth.authorization is not None:
             headers["Authorization"] = auth.authorization
-        pool, manager = client.connection(auth.cert)
+        pool, manager = client.connection()
         if pool is not None:
             deadlines.track(pool)
         return Route(pool, client.prefix, manager, client.origin, headers, client.retries,
