@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tls_server import make_pki
 
 HERE = Path(__file__).parents[1] / "support"
@@ -49,7 +48,8 @@ config.SERVICE_ACCOUNT_TOKEN_PATH, config.SERVICE_ACCOUNT_CA_PATH = pki["token"]
 os.environ["KUBERNETES_SERVICE_HOST"] = "127.0.0.1"
 os.environ["KUBERNETES_SERVICE_PORT"] = server.url.rsplit(":", 1)[1]
 args = cli.build_parser().parse_args([
-    "--leader-elect", "--leader-election-namespace", "default", "--metrics-bind-address", "127.0.0.1:0",
+    "--leader-elect", "--leader-election-namespace", "default",
+    "--metrics-bind-address", "127.0.0.1:0",
     "--health-probe-bind-address", "127.0.0.1:0", "--log-level", "warning",
     "--graceful-shutdown-timeout", "5s"])
 stop = threading.Event()

@@ -129,7 +129,7 @@ def _from_kubeconfig(source: str) -> ClientConfig:
     configuration = Configuration()
     try:
         load_kube_config(config_file=source, client_configuration=configuration,
-                         persist_config=False)
+                         persist_config=False)  # type: ignore[no-untyped-call]
     except Exception as exc:  # the loader raises many types; its messages name keys/paths
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: "
                           f"{describe_exception(exc)}") from None

@@ -20,6 +20,7 @@ import urllib3
 from urllib3.util import parse_url
 from urllib3.util.ssl_ import create_urllib3_context
 
+from himitsu_controller.httpdeadline import POOL_CLASSES
 from himitsu_controller.runtime.client.credentials import NO_CREDENTIALS, Credentials
 from himitsu_controller.runtime.client.errors import describe_exception
 
@@ -98,10 +99,10 @@ class HttpClient:
                     self._manager = urllib3.ProxyManager(
                         self._proxy_url, num_pools=2, proxy_headers=self._proxy_headers,
                         **self._pool_kw())
+                    self._manager.pool_classes_by_scheme = POOL_CLASSES
                 return None, self._manager
             if self._pool is None or self._pool.pool is None:  # never made, or closed
-                pool_class = (urllib3.HTTPSConnectionPool if self.scheme == "https"
-                              else urllib3.HTTPConnectionPool)
+                pool_class = POOL_CLASSES[self.scheme]
                 self._pool = pool_class(self._host, self._port, **self._pool_kw())
             return self._pool, None
 

@@ -11,7 +11,7 @@ one. Behind a proxy the route has no pool but the client's ProxyManager.
 
 Requests go out with ``urlopen`` and the client's Retry policy, the body serialised once
 by the caller. A request may carry an overall deadline (``deadline=True``: its timeout
-bounds the whole request, see ``deadline.py``), and may be sent ``once`` (no urllib3
+bounds the whole request, see ``httpdeadline.py``), and may be sent ``once`` (no urllib3
 retry: a write the write gate let through). A watch (``open``) keeps its response
 streaming. Errors without an answer are ``TransportError``s naming the cause (a TLS
 verification failure says so), never a credential.
@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 import urllib3
 
-from himitsu_controller.runtime.client import deadline as deadlines
+from himitsu_controller import httpdeadline
 from himitsu_controller.runtime.client.credentials import Auth
 from himitsu_controller.runtime.client.errors import TransportError, describe_exception
 from himitsu_controller.runtime.client.httpclient import HttpClient
@@ -128,14 +128,12 @@ class LeanTransport:
         if auth.authorization is not None:
             headers["Authorization"] = auth.authorization
         pool, manager = client.connection()
-        if pool is not None:
-            deadlines.track(pool)
         return Route(pool, client.prefix, manager, client.origin, headers, client.retries,
                      auth, now + self._refresh_every)
 
     def _timeout(self, seconds: float, deadline: bool) -> urllib3.Timeout:
         if deadline:  # a remainder: not kept
-            # The watchdog (runtime/client/deadline.py) enforces ``seconds`` with a reset; the
+            # The watchdog (httpdeadline.py) enforces ``seconds`` with a reset; the
             # socket timeout is a second later so that it never wins the race: a socket
             # timeout closes the connection gracefully, and a graceful close lets bytes
             # still queued (a write held by a hung network) arrive after the deadline.
@@ -166,7 +164,7 @@ class LeanTransport:
                                     once=once)
         if not deadline:
             return self._answer(self._send(route, urlopen, method, path))
-        with deadlines.within(timeout) as bound:
+        with httpdeadline.within(timeout) as bound:
             try:
                 return self._answer(self._send(route, urlopen, method, path))
             except TransportError:
@@ -233,7 +231,6 @@ class LeanTransport:
         if route.pool is None:
             assert route.manager is not None
             full = route.origin + url
-            deadlines.track(route.manager.connection_from_url(full))
             return route.manager.urlopen(method, full, body=body, headers=dict(headers),
                                          retries=retries, redirect=False, timeout=timeout,
                                          preload_content=preload)
