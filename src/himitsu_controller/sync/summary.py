@@ -16,7 +16,7 @@ digested. ``targets`` reads summaries and whole Secrets alike; a summary is neve
 of a write.
 
 The digest is keyed: HMAC-SHA256, under a key drawn at random for this process, of the
-``render.data_hash`` the ``himitsu.io/data-hash`` annotation records (that one stays
+``api.data_hash`` the ``himitsu.io/data-hash`` annotation records (that one stays
 comparable across restarts). A digest a heap dump or a debugger shows cannot be tried
 against guesses of a short value without the key; a summary is compared with the
 annotation by keying the annotation (``holds_hash``).
@@ -37,7 +37,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from himitsu_controller import api
-from himitsu_controller.sync.target.render import data_hash
 
 __all__ = ["DIGEST", "SHARED", "himitsu_secret", "holds_hash", "is_summary", "keys_of",
            "secret"]
@@ -80,7 +79,7 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
         # One string (data keys hold no ","), shared by every target with the same keys.
         DIGEST: {"keys": sys.intern(",".join(str(k) for k in keys)),
                  "ours": None if digested is None else _keyed(
-                     data_hash({k: data[k] for k in digested if k in data}))},
+                     api.data_hash({k: data[k] for k in digested if k in data}))},
     }
     return summary
 
@@ -110,11 +109,11 @@ def keys_of(obj: Mapping[str, Any]) -> list[str]:
 
 
 def holds_hash(obj: Mapping[str, Any], keys: Sequence[str], recorded: str) -> bool:
-    """Do the values of the ``keys`` of ``obj`` (those it holds) have ``render.data_hash``
+    """Do the values of the ``keys`` of ``obj`` (those it holds) have ``api.data_hash``
     ``recorded``? Of a summary, known only for the keys its digest covers (False else)."""
     if not is_summary(obj):
         data = obj.get("data") or {}
-        return data_hash({k: data[k] for k in keys if k in data}) == recorded
+        return api.data_hash({k: data[k] for k in keys if k in data}) == recorded
     digest = obj[DIGEST]["ours"]
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     return (digest is not None and sorted(keys) == _digested_keys(annotations, keys_of(obj))

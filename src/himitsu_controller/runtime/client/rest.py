@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import structlog
@@ -53,7 +53,6 @@ from himitsu_controller.runtime.client.errors import ApiError, TransportError, W
 from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
 from himitsu_controller.runtime.client.transport import REFRESH_SECONDS, LeanTransport, encode_body
 from himitsu_controller.runtime.client.watchstream import WatchStream
-from himitsu_controller.runtime.leader.writegate import WriteGate
 
 __all__ = [
     "APPLY_PATCH",
@@ -85,6 +84,14 @@ APPLY_PATCH = "application/apply-patch+yaml"
 _VERB_BY_METHOD = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
                    "DELETE": "delete"}
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class WriteGate(Protocol):
+    """What the client asks before each write (``runtime.leader.writegate.WriteGate``)."""
+
+    def admit(self) -> float | None: ...
+
+    def done(self, *, answered: bool) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ they end up in status conditions and Events.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
+
+from himitsu_controller.api import data_hash
 
 __all__ = [
     "FORMATS",
@@ -127,19 +128,6 @@ def render(fmt: str, secrets: Mapping[str, str], *, key: str | None = None) -> d
             "Kubernetes Secret limit; move some secrets out of this Himitsu environment"
         )
     return {k: base64.b64encode(v).decode("ascii") for k, v in sorted(raw.items())}
-
-
-def data_hash(data: Mapping[str, str]) -> str:
-    """A stable sha256 hex digest of Secret ``data`` (base64 values, as stored).
-
-    The digest is over the JSON text (ASCII, compact) of the list of ``[key, value]``
-    pairs sorted by key: unambiguous for any strings and independent of mapping order.
-    The encoding is part of the contract (hashes may be recorded on objects), so a
-    known-answer test pins it.
-    """
-    pairs = sorted(data.items())
-    canonical = json.dumps(pairs, ensure_ascii=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def data_size(data: Mapping[str, str]) -> int:
