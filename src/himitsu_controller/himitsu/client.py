@@ -165,7 +165,7 @@ FetchResult = Fetched | NotModified
 
 
 class Pacing(Protocol):
-    """Injected per-attempt hook (``sync.pacing.Pacer`` in the operator): Himitsu counts
+    """Injected per-attempt hook (``sync.polling.pacing.Pacer`` in the operator): Himitsu counts
     every attempt against the key's budget, a retry inside a fetch included, and tells
     what is left in the ``RateLimit-*`` headers of every answer.
 

@@ -1,29 +1,13 @@
-"""Raw JSON over our own HTTP transport (``httpclient.py``, ``transport.py``).
+"""Raw JSON to the apiserver over our own HTTP transport, with client-go's client-side rules.
 
-Why not the official ``kubernetes`` client: its generated API classes are, in 37.x,
-pydantic models, several times slower to build and larger to keep than the JSON dicts the
-apiserver sends, and a controller that caches every object it watches pays that on every
-event; importing the package alone costs ~16 MiB. All the operator needs is JSON over
-one urllib3 pool with the cluster's TLS settings and credentials, so that is what it
-has: ``kubeconfig.py`` loads the configuration, ``httpclient.py`` holds the pool,
-``transport.py`` sends requests with headers and credentials rebuilt once a second
-instead of per request (bench/rest_cost.py measures the request path).
+* Why not the ``kubernetes`` client: its generated models are slower and larger than the
+  JSON dicts, and importing it costs ~16 MiB; the operator needs JSON over one pool.
+* client-go's token bucket (QPS/burst) and Retry-After on 429; watches exempt.
+* With leader election every write asks the write gate right before it leaves, is sent
+  once and is over (aborted, ``httpdeadline``) by the time the gate gave it.
+* Errors, configuration, pool and watch stream are siblings re-exported here.
 
-Why our own rate limiter and 429 handling: client-go limits every client to a token
-bucket (QPS/burst) so a controller cannot flood the apiserver after a restart, and honours
-Retry-After on 429. The Python client does neither. Watches are long-lived and exempt,
-as in client-go.
-
-Why a write gate: with leader election, the reconcilers' client asks ``write_gate``
-(``writegate.WriteGate.admit``) immediately before every write leaves, after the rate
-limiter's wait and any Retry-After sleep, and refuses (``WriteRefused``) once the
-replica can no longer vouch that it holds the Lease. Such a write is sent once (no
-urllib3 retry re-sends it later, behind a proxy too) and is over by the time the gate
-gave it: an overall deadline (``deadline.py``) aborts it then, however its connection
-hangs, so it cannot reach the apiserver after a standby may have taken the Lease.
-
-The errors, the configuration loader, the client and the watch stream live in sibling
-modules and are re-exported here: callers need only ``runtime.rest``.
+Design: docs/design/apiserver-client.md
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The request path to the apiserver: one urllib3 pool, headers built once a second.
 
-Per request nothing is prepared that does not change between two requests: the headers
-(Accept, User-Agent and the credentials) and the pool are built once per refresh period
-(a ``Route``), so a rotating ServiceAccount token, a re-read token file or a credential
-plugin's new token arrive at most ``refresh_every`` seconds late, never cached for
-longer; a 401 tells the credentials (``Credentials.refused``) and drops the route at
-once. The pool is the ``HttpClient``'s (``httpclient.py``): TLS settings, pool size and
-Retry policy are its; ``HttpClient.close()`` closes it and the next request opens a new
-one. Behind a proxy the route has no pool but the client's ProxyManager.
+* Headers (credentials included) and the pool are built once per refresh period (a
+  ``Route``); a 401 tells the credentials and drops the route at once.
+* A request may run under an overall deadline (``httpdeadline``) and be sent ``once``.
+* Failures without an answer are ``TransportError``s naming the cause, never a credential.
 
-Requests go out with ``urlopen`` and the client's Retry policy, the body serialised once
-by the caller. A request may carry an overall deadline (``deadline=True``: its timeout
-bounds the whole request, see ``httpdeadline.py``), and may be sent ``once`` (no urllib3
-retry: a write the write gate let through). A watch (``open``) keeps its response
-streaming. Errors without an answer are ``TransportError``s naming the cause (a TLS
-verification failure says so), never a credential.
+Design: docs/design/apiserver-client.md
 """
 
 from __future__ import annotations
