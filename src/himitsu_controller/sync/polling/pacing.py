@@ -53,7 +53,7 @@ class _Log:
     """
 
     def __init__(self, budget: int, window: float) -> None:
-        self.window = window
+        self.budget, self.window = budget, window
         burst = max(1, round(budget * BURST_FRACTION))
         self.spacing = window / (budget - burst + 1)
         self.tolerance = (burst - 1) * self.spacing
