@@ -37,6 +37,7 @@ from himitsu_controller.runtime.client.errors import ApiError, TransportError, W
 from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
 from himitsu_controller.runtime.client.transport import REFRESH_SECONDS, LeanTransport, encode_body
 from himitsu_controller.runtime.client.watchstream import WatchStream
+from himitsu_controller.runtime.workqueue import BucketRateLimiter
 
 __all__ = [
     "APPLY_PATCH",
@@ -111,33 +112,18 @@ class Resource:
         return path
 
 
-class TokenBucket:
-    """client-go's QPS/burst limiter (reservation semantics, like golang.org/x/time/rate).
-
-    A caller takes a token, possibly going into debt, then sleeps for the debt outside the
-    lock: callers are served in arrival order and nobody spins.
-    """
+class TokenBucket(BucketRateLimiter):
+    """client-go's QPS/burst limiter: the work queue's bucket (reservation semantics), the
+    caller sleeping for its debt outside the lock, so callers are served in arrival order."""
 
     def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        if qps <= 0 or burst < 1:
-            raise ValueError("qps must be > 0 and burst >= 1")
-        self._qps = qps
-        self._burst = float(burst)
-        self._tokens = float(burst)
-        self._clock = clock
+        super().__init__(qps, burst, clock=clock)
         self._sleep = sleep
-        self._last = clock()
-        self._lock = threading.Lock()
 
     def reserve(self) -> float:
         """Take a token; return how long the caller must wait before using it."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self._burst, self._tokens + (now - self._last) * self._qps)
-            self._last = now
-            self._tokens -= 1.0
-            return max(0.0, -self._tokens / self._qps)
+        return self.when("")
 
     def accept(self) -> None:
         delay = self.reserve()
