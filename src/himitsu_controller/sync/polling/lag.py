@@ -28,9 +28,9 @@ def first_sight(mem: Memory, *, last_sync_time: str | None, interval: float,
     last = api.parse_time(last_sync_time)
     if mem.answered is not None or interval <= 0 or last is None:
         return
-    mem.answered, mem.interval = last.timestamp(), interval
-    if mem.due is None and in_step:
-        mem.due = mem.answered + interval
+    answered = last.timestamp()
+    mem.scheduled(answered=answered, interval=interval,
+                  due=answered + interval if mem.due is None and in_step else mem.due)
 
 
 def worst(
