@@ -39,10 +39,10 @@ venv: $(VENV)/.installed ## Create .venv with the operator and its dev tools
 install-dev: venv
 
 .PHONY: lint
-lint: venv helm ## ruff, mypy --strict, the layer contract, promtool on the alerts and dashboard, mkdocs --strict, the chart (in step with deploy/, helm lint --strict)
+lint: venv helm ## ruff, mypy --strict, the layer contract (import-linter), promtool on the alerts and dashboard, mkdocs --strict, the chart (in step with deploy/, helm lint --strict)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict
-	$(PY) hack/check_layers.py src
+	$(VENV)/bin/lint-imports
 	$(PY) hack/monitoring.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 	$(PYTHON_SYSTEM) hack/chart_sync.py --check

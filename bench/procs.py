@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,16 +151,40 @@ class Standin:
         self.child.stop()
 
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# In a private mount namespace: a tmpfs over /run (so nothing is created on the host),
+# then the bench's ServiceAccount directory bind-mounted where a pod has it; exec keeps
+# the PID, so /proc/<pid> is the operator's.
+IN_CLUSTER_MOUNTS = ('mount -t tmpfs -o size=1m,mode=755 tmpfs /run && '
+                     f'mkdir -p {SERVICE_ACCOUNT_DIR} && '
+                     f'mount --bind "$0" {SERVICE_ACCOUNT_DIR} && exec "$@"')
+
+
+@dataclass(frozen=True)
+class InCluster:
+    """A pod's view of the apiserver: the service's address and the ServiceAccount's
+    directory (token, ca.crt, namespace), mounted where the in-cluster configuration
+    reads it (as root, in a private mount namespace: ``unshare -m``)."""
+
+    host: str
+    port: int
+    account_dir: Path
+
+
 class Operator:
     """``python -m himitsu_controller`` as its own ServiceAccount, metrics on loopback.
 
-    The operator's code comes from ``src`` (this tree's ``src/`` unless another tree's is
-    given, for a baseline measured in the same run)."""
+    With ``in_cluster`` it runs as a pod does (the in-cluster configuration, no
+    kubeconfig); else with ``kubeconfig``. The operator's code comes from ``src`` (this
+    tree's ``src/`` unless another tree's is given, for a baseline measured in the same
+    run)."""
 
-    def __init__(self, workdir: Path, *, kubeconfig: Path, extra_args: Sequence[str] = (),
+    def __init__(self, workdir: Path, *, kubeconfig: Path | None = None,
+                 in_cluster: InCluster | None = None, extra_args: Sequence[str] = (),
                  index: int = 0, src: Path | None = None) -> None:
         self.metrics_port, self.probe_port = free_port(), free_port()
-        argv = [sys.executable, "-m", "himitsu_controller", "--kubeconfig", str(kubeconfig),
+        config = ["--kubeconfig", str(kubeconfig)] if in_cluster is None else []
+        argv = [sys.executable, "-m", "himitsu_controller", *config,
                 "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
                 "--health-probe-bind-address", f"127.0.0.1:{self.probe_port}",
                 "--log-format", "json", "--log-level", "info",
@@ -169,6 +194,11 @@ class Operator:
         env["PYTHONUNBUFFERED"] = "1"
         self.src = src or REPO / "src"
         env["PYTHONPATH"] = str(self.src)
+        if in_cluster is not None:
+            env["KUBERNETES_SERVICE_HOST"] = in_cluster.host
+            env["KUBERNETES_SERVICE_PORT"] = str(in_cluster.port)
+            argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                    IN_CLUSTER_MOUNTS, str(in_cluster.account_dir), *argv]
         self.argv = argv
         self.child = Child(f"operator-{index}", argv, workdir / f"operator-{index}.log",
                            env=env)

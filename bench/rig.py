@@ -15,7 +15,9 @@ foreign key, so drift repair covers both policies.
 
 from __future__ import annotations
 
+import os
 import secrets as rnd
+import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +30,7 @@ from typing import Any
 from . import figures
 from .auditlog import AuditGap, AuditLog, check_complete
 from .kubeapi import AdminApi, KubeError, b64, hsec_path, secret_path
-from .procs import REPO, Operator, Standin, wait_until
+from .procs import REPO, InCluster, Operator, Standin, wait_until
 
 sys.path.insert(0, str(REPO / "hack"))
 from localcluster import LocalCluster
@@ -123,6 +125,7 @@ class Rig:
         self.audit: AuditLog | None = None
         self.envs: list[Env] = []
         self.operator_kubeconfig = workdir / "operator.kubeconfig"
+        self.account_dir = workdir / "serviceaccount"
         self._operators_started = 0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -203,6 +206,11 @@ class Rig:
         token = wait_until(self._operator_token, timeout=60, what="a TokenRequest token")
         self.cluster.write_kubeconfig(self.operator_kubeconfig, token=token, user=OPERATOR_SA,
                                       namespace=OPERATOR_NAMESPACE)
+        # The same token as a pod's ServiceAccount directory (the in-cluster configuration).
+        self.account_dir.mkdir(mode=0o700, exist_ok=True)
+        (self.account_dir / "token").write_text(token)
+        shutil.copyfile(self.cluster.ca_path, self.account_dir / "ca.crt")
+        (self.account_dir / "namespace").write_text(OPERATOR_NAMESPACE)
 
     def _operator_token(self) -> str | None:
         try:
@@ -233,7 +241,7 @@ class Rig:
             raise RuntimeError("an operator is already running")
         self._operators_started += 1
         self.operator = Operator(self.workdir, kubeconfig=self.operator_kubeconfig,
-                                 extra_args=self.operator_args,
+                                 in_cluster=self._in_cluster(), extra_args=self.operator_args,
                                  index=self._operators_started, src=src)
         try:
             self.operator.wait_ready()
@@ -241,6 +249,15 @@ class Rig:
             self.stop_operator()
             raise
         return self.operator
+
+    def _in_cluster(self) -> InCluster | None:
+        """The in-cluster configuration (the deployed path) where the bench may mount the
+        ServiceAccount's files (root, ``unshare``); else None: the kubeconfig, noted."""
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            self.log("note: not root (or no unshare): the operator runs with a kubeconfig, "
+                     "not the in-cluster configuration users deploy")
+            return None
+        return InCluster("127.0.0.1", self.cluster.ports["apiserver"], self.account_dir)
 
     def stop_operator(self) -> None:
         if self.operator is not None:

@@ -12,6 +12,7 @@ Ready=False InvalidSpec with a message that says what to fix.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -559,3 +560,16 @@ def _int_or_none(value: Any) -> int | None:
     if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return None
+
+
+def data_hash(data: Mapping[str, str]) -> str:
+    """A stable sha256 hex digest of Secret ``data`` (base64 values, as stored).
+
+    The digest is over the JSON text (ASCII, compact) of the list of ``[key, value]``
+    pairs sorted by key: unambiguous for any strings and independent of mapping order.
+    The encoding is part of the contract (hashes may be recorded on objects), so a
+    known-answer test pins it.
+    """
+    pairs = sorted(data.items())
+    canonical = json.dumps(pairs, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()

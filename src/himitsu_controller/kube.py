@@ -1,27 +1,14 @@
 """The adapter: ``sync.ports.Kube`` on the runtime's REST client and informer caches.
 
-Reads come from informer caches wherever they can, because the steady-state promise is
-one apiserver request per poll (the status patch): the HimitsuSecret from its informer,
-the target from the Secret informer (which only sees Secrets labelled
-``himitsu.io/managed=true``), and the token (with its Secret's
-``himitsu.io/allowed-api-urls`` annotation) from a small cache that is re-read at most
-every five minutes, at once after Himitsu rejects it, and before the token first goes to
-an apiUrl (a binding added since the cached read holds for a new apiUrl at once).
-Anything not in a cache (a target not yet adopted, a deleted one, the token Secret) is
-read directly.
+* Reads come from caches wherever they can (one apiserver request per poll: the status
+  patch); what no cache holds (a target not yet adopted, the token Secret) is read
+  directly.
+* The token cache (per namespace, Secret, key) is re-read after five minutes, after a
+  401/403 and before a token first goes to an apiUrl; a value goes with the last
+  HimitsuSecret that names it.
+* Secrets are only read in the HimitsuSecret's own namespace: RBAC cannot narrow that.
 
-The token cache follows live objects: a value is dropped once no HimitsuSecret names its
-(namespace, Secret, key) any more (``forget_token_of``, wired to the HimitsuSecret
-informer's updates and deletes), and whatever was not read for five minutes (it would
-be read afresh anyway) is swept out; a per-token reader lock lives only while a read
-of that token is under way. A read keeps its value only if no forget of that token ran
-while it was under way and (``track_token_users``) a HimitsuSecret still names it: a
-HimitsuSecret deleted mid-read does not leave its token behind. Memory therefore tracks
-the HimitsuSecrets that exist, and a token value does not outlive the last HimitsuSecret
-that used it.
-
-Secrets are only ever read in the HimitsuSecret's own namespace: RBAC cannot narrow a
-ClusterRole's Secret access, so the code has to.
+Design: docs/design/adapter.md
 """
 
 from __future__ import annotations

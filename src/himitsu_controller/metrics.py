@@ -1,15 +1,10 @@
 """The Himitsu-specific Prometheus series, registered beside the runtime's own.
 
-Labels are bounded and carry no secret material: an outcome class, a sync result, a
-Ready reason, and for the Ready gauge the HimitsuSecret's namespace and name (object
-names, as kube-state-metrics exports them). Never a token, a key name or a value.
+* Labels are bounded and carry no secret material: never a token, a key name or a value.
+* Lag has no labels: a lateness histogram and two gauges computed at scrape time over
+  every HimitsuSecret in the cache (``sync.polling.lag``).
 
-Lag has no labels at all. A source (API URL, project, environment, token hash) is the
-natural unit, but its ids are unbounded and the token hash is not for a dashboard; so
-the lateness of every timed poll goes into one histogram, and the largest lag and the
-number of lagging targets are two gauges computed at scrape time over every HimitsuSecret
-in the cache (``sync.lag``: a target nobody polls any more shows there too, growing, after
-a restart or a failover included). Which object lags is in its Ready message.
+Design: docs/design/metrics.md
 """
 
 from __future__ import annotations

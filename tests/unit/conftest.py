@@ -44,7 +44,7 @@ def _pin_local_constants() -> None:
     Hypothesis (6.131.1+) sometimes draws a constant found in the source of a local module,
     from every local module imported so far. So the examples a test drew depended on
     which other test files the run had imported: the model-based test drew another 250
-    after the whole suite than alone (bench/, hack/check_layers.py and
+    after the whole suite than alone (bench/, the old hack/check_layers.py and
     hack/himitsu_standin add ~160 constants). The pool is pinned to the operator's own
     modules (what a test of one module already imports), whatever else a run imports.
     """

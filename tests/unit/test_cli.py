@@ -23,7 +23,7 @@ from fake_apiserver import Canned, FakeApiServer, Recorded, kubeconfig_for
 
 from himitsu_controller import __version__, api, cli, kube
 from himitsu_controller.runtime.cache.informer import Informer
-from himitsu_controller.runtime.client.kubeconfig import ConfigError
+from himitsu_controller.runtime.client.config import ConfigError
 from himitsu_controller.runtime.client.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.leader.election import LeaderElector
 from himitsu_controller.runtime.metrics import REGISTRY

@@ -105,7 +105,7 @@ before = set(sys.modules)  # the interpreter's own start (site, .pth hooks) does
 sys.meta_path.insert(0, OnlyTheLock)
 import himitsu_controller
 for module in pkgutil.walk_packages(himitsu_controller.__path__, "himitsu_controller."):
-    if not module.name.endswith(("__main__", "legacyauth")):
+    if not module.name.endswith("__main__"):
         importlib.import_module(module.name)
 loaded = {name.partition(".")[0] for name in set(sys.modules) - before}
 print(json.dumps(sorted({d for top in loaded for d in owners.get(top, [])})))
@@ -113,10 +113,10 @@ print(json.dumps(sorted({d for top in loaded for d in owners.get(top, [])})))
 
 
 def test_the_lock_is_what_the_operators_modules_import() -> None:
-    # Every module of the package but the legacy-auth fallback (runtime/client/legacyauth.py,
-    # out-of-cluster kubeconfigs only, the one user of `kubernetes`), with only the lock's
-    # packages importable, as in the image: they all load (the lock suffices), and each
-    # locked package is loaded (nothing the operator never imports).
+    # Every module of the package (runtime/client/config.py imports `kubernetes` only
+    # inside the out-of-cluster loader), with only the lock's packages importable, as in
+    # the image: they all load (the lock suffices), and each locked package is loaded
+    # (nothing the operator never imports).
     locked = set(pins(LOCK))
     done = subprocess.run([sys.executable, "-c", IMPORTED, json.dumps(sorted(locked))],
                           capture_output=True, text=True, timeout=120, check=False)

@@ -1,94 +1,62 @@
-"""The layer contract (docs/development/layout.md) holds on the real tree, and its checker can fail.
+"""The layer contract (pyproject.toml's [tool.importlinter]) holds, and breaking it fails.
 
-hack/check_layers.py is what `make lint` runs; these tests run it on the package and on
-small synthetic trees that each break one rule, so a checker that always passes would
-fail here.
+`make lint` runs ``lint-imports``; these tests run it on the package, and on a copy of
+the package with one forbidden import added per rule, so a contract that always passes
+would fail here.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-HACK = Path(__file__).resolve().parents[2] / "hack"
-SRC = HACK.parent / "src"
-sys.path.insert(0, str(HACK))
-
-from check_layers import breaches  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "himitsu_controller"
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
-def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for rel, text in {"himitsu_controller/__init__.py": "__version__ = '0'\n", **files}.items():
-        path = tmp_path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for parent in path.relative_to(tmp_path).parents:
-            init = tmp_path / parent / "__init__.py"
-            if parent.parts and not init.exists():
-                init.write_text("")
-        path.write_text(text)
-    return tmp_path
+def lint_imports(root: Path, src: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` with ``root``'s pyproject.toml on the package under ``src``."""
+    if not LINT_IMPORTS.exists():
+        pytest.skip("needs import-linter (pip install -e '.[dev]')")
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_the_package_keeps_its_layer_contract() -> None:
-    assert breaches(SRC) == []
+    done = lint_imports(ROOT, ROOT / "src")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "0 broken" in done.stdout
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"himitsu_controller/runtime/informer.py": "from himitsu_controller import api\n",
-      "himitsu_controller/api.py": ""}, "runtime/ must not import"),
-    ({"himitsu_controller/himitsu/client.py": "from himitsu_controller.sync import polls\n",
-      "himitsu_controller/sync/polls.py": ""}, "himitsu/ must not import"),
-    ({"himitsu_controller/himitsu/client.py": "import kubernetes.client\n"},
-     "know nothing of Kubernetes"),
-    ({"himitsu_controller/sync/reconciler.py": "from himitsu_controller import kube\n",
-      "himitsu_controller/kube.py": ""}, "adapter or the CLI"),
-    ({"himitsu_controller/sync/reconciler.py":
-      "from himitsu_controller.runtime.controller import Result, Controller\n",
-      "himitsu_controller/runtime/controller.py": ""}, "only runtime.controller.Result"),
-    ({"himitsu_controller/kube.py": "from himitsu_controller.sync.reconciler import X\n",
-      "himitsu_controller/sync/reconciler.py": ""}, "only sync.ports"),
-    ({"himitsu_controller/sync/status.py":
-      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-      "    from himitsu_controller.sync.reconciler import Kube\n",
-      "himitsu_controller/sync/reconciler.py": "from himitsu_controller.sync import status\n"},
-     "import cycle"),
-    ({"himitsu_controller/sync/a.py": "from . import b\n",
-      "himitsu_controller/sync/b.py": "from .a import thing\n"}, "import cycle"),
-    # an attribute chain reaches a module another import happened to load
-    ({"himitsu_controller/sync/reconciler.py":
-      "import himitsu_controller\nK = lambda: himitsu_controller.kube.KubeClient\n",
-      "himitsu_controller/kube.py": ""}, "adapter or the CLI"),
-    ({"himitsu_controller/runtime/controller.py":
-      "import importlib\nR = importlib.import_module('himitsu_controller.sync.reconciler')\n",
-      "himitsu_controller/sync/reconciler.py": ""}, "runtime/ must not import"),
-    ({"himitsu_controller/sync/reconciler.py": "K = __import__('himitsu_controller.cli')\n",
-      "himitsu_controller/cli.py": ""}, "adapter or the CLI"),
-    # importing sync.ports runs sync/__init__: a re-export there is an import of the reconciler
-    ({"himitsu_controller/sync/__init__.py": "from himitsu_controller.sync.reconciler import R\n",
-      "himitsu_controller/sync/reconciler.py": "R = 1\n",
-      "himitsu_controller/kube.py": "from himitsu_controller.sync.ports import Kube\n",
-      "himitsu_controller/sync/ports.py": ""}, "only sync.ports"),
-    ({"himitsu_controller/sync/status.py":
-      "from himitsu_controller import sync\ndef f():\n    return sync.reconciler\n",
-      "himitsu_controller/sync/reconciler.py": "from himitsu_controller.sync import status\n"},
-     "import cycle"),
+@pytest.mark.parametrize(("module", "line", "broken"), [
+    ("runtime/cache/informer.py", "from himitsu_controller import api", "runtime/ imports"),
+    ("himitsu/client.py", "from himitsu_controller.sync import polling", "himitsu/ imports"),
+    ("himitsu/client.py", "import kubernetes.client", "nothing of Kubernetes"),
+    ("httpdeadline.py", "from himitsu_controller.runtime import parts", "is a leaf"),
+    ("sync/reconciler.py", "from himitsu_controller import kube", "the adapter nor the CLI"),
+    ("sync/reconciler.py", "from himitsu_controller.runtime.client import rest",
+     "only runtime.controller"),
+    ("kube.py", "from himitsu_controller.sync import reconciler", "only sync.ports"),
+    ("sync/ports.py", "if False:\n    from himitsu_controller.sync import reconciler",
+     "no import cycle"),
+    ("runtime/parts.py", "def later() -> None:\n    from himitsu_controller.runtime import manager",
+     "no import cycle"),
 ])
-def test_each_breach_of_the_contract_is_reported(
-    tmp_path: Path, files: dict[str, str], expected: str,
-) -> None:
-    found = breaches(_tree(tmp_path, files))
-    assert any(expected in line for line in found), found
-
-
-def test_the_result_type_and_the_version_are_the_allowed_exceptions(tmp_path: Path) -> None:
-    tree = _tree(tmp_path, {
-        "himitsu_controller/sync/reconciler.py":
-            "from himitsu_controller.runtime.controller import Result\n",
-        "himitsu_controller/runtime/controller.py": "",
-        "himitsu_controller/himitsu/client.py": "from himitsu_controller import __version__\n",
-        "himitsu_controller/kube.py": "from himitsu_controller.sync.ports import Kube\n",
-        "himitsu_controller/sync/ports.py": "",
-    })
-    assert breaches(tree) == []
+def test_each_breach_of_the_contract_fails_the_lint(tmp_path: Path, module: str, line: str,
+                                                    broken: str) -> None:
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    copy = tmp_path / "src" / "himitsu_controller"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    path = copy / module
+    path.write_text(path.read_text() + f"\n{line}\n")
+    done = lint_imports(tmp_path, tmp_path / "src")
+    assert done.returncode == 1, done.stdout[-3000:]
+    broken_lines = done.stdout.split("Broken contracts", 1)[-1]
+    assert broken in " ".join(broken_lines.split()), done.stdout[-3000:]

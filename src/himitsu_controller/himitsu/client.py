@@ -1,18 +1,12 @@
 """Client for the one Himitsu API call the operator makes: the runtime secrets read.
 
-Why a client of our own rather than a thin ``requests.get``: the operator's safety rests
-on details a generic call gets wrong. A 304 must never look like an empty environment
-(the reconciler would wipe a Secret); the version in the headers, not the body, is the
-authority; a proxy's error page must not reach a Kubernetes status; a token or a secret
-value must never end up in an exception string, a log line or a metric label; a server
-that trickles bytes must not hold a worker past a deadline; a redirect must not carry a
-request off the configured host. Each of those is decided here, once, and tested in
-tests/unit/himitsu/test_himitsu_client.py and test_himitsu_http.py. The deadline plumbing
-lives in `himitsu.http`, the reading of answers in `himitsu.wire`.
+* A 304 never looks like an empty environment; the version in the headers is the
+  authority; no redirect, a deadline per request (``http``), strict answers (``wire``).
+* Errors are typed by what the caller does next (fix the spec, fix the token, wait,
+  retry); every message is ours, never the envelope's free text or a body.
+* No token or value in an exception, a log line or a metric label.
 
-Errors are typed by what the caller does next (fix the spec, fix the token, wait for
-Retry-After, retry with backoff), and every message is ours: status, envelope ``code``
-and ``requestId``, never the envelope's free-text ``message`` or any part of a body.
+Design: docs/design/himitsu-client.md
 """
 
 from __future__ import annotations
@@ -165,7 +159,7 @@ FetchResult = Fetched | NotModified
 
 
 class Pacing(Protocol):
-    """Injected per-attempt hook (``sync.pacing.Pacer`` in the operator): Himitsu counts
+    """Injected per-attempt hook (``sync.polling.pacing.Pacer`` in the operator): Himitsu counts
     every attempt against the key's budget, a retry inside a fetch included, and tells
     what is left in the ``RateLimit-*`` headers of every answer.
 

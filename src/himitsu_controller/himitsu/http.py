@@ -1,39 +1,22 @@
-"""HTTP plumbing for the Himitsu client: an overall deadline requests cannot give us.
+"""HTTP plumbing for the Himitsu client: a bounded GET in a session that keeps deadlines.
 
-Why this module exists: requests' ``timeout=(connect, read)`` bounds each socket
-operation, never a whole response. A server or proxy that trickles one byte a second
-never trips a read timeout, and ``iter_content(n)`` blocks until it holds *n* bytes, so
-looking at a clock between chunks does not bound a request either (measured: a 64-byte
-chunk at 20 bytes/s took 3.2 s). The one way to end a read blocked deep inside
-http.client is to shut its socket down from another thread. So every socket a request
-opens or reuses under a `DeadlineGuard` is registered with the guard, and a timer shuts
-those sockets down when the deadline passes: the blocked read then fails at once,
-whether it was in the TLS handshake, the status line, the headers or the body. DNS
-resolution cannot be interrupted this way; the resolver's own timeouts bound it.
+* ``new_session``: requests whose connections join ``httpdeadline.within`` (the overall
+  deadline every HTTP request of the operator keeps), urllib3 retries off.
+* ``bounded_get``: no redirects (one could leave the allow-listed host), the deadline, a
+  size cap (Content-Length first, then while streaming), failures as ``Abort`` with a
+  reason in our own words: the libraries' messages quote URLs.
+* ``BearerAuth`` is the only holder of the token while a request is made (redacted repr).
+* Nothing here knows Himitsu: the answer is status, headers and bytes.
 
-The hook is two small overrides on urllib3's connection classes (``_new_conn`` for new
-sockets, ``request`` for pooled ones), installed only in the adapter of sessions made by
-`new_session`, so no global state of requests or urllib3 is touched. The loopback tests
-in tests/unit/himitsu/test_himitsu_http.py fail if a urllib3 upgrade ever bypasses these hooks.
-
-`bounded_get` is the one GET the client makes with all of that: no redirects (one could
-leave the allow-listed host), the deadline, a size cap checked against Content-Length
-first and then while streaming, and failures reported as `Abort` with a reason in our
-own words (`describe_transport_error`): the libraries' messages quote URLs and are not
-ours to promise safe. `BearerAuth` is the only holder of the token while a request is
-made; its repr is redacted, so tracebacks rendered with locals do not show it.
-
-Nothing here knows Himitsu: the response is handed back as status, headers and bytes.
+Design: docs/design/deadlines.md
 """
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import re
 import socket
 import ssl
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,130 +24,32 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 from requests.auth import AuthBase
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import HTTPError as Urllib3HTTPError
 from urllib3.poolmanager import ProxyManager
 
-# The guard of the request the current thread is making, if any. Connections run their
-# connect and send on the calling thread, so a thread-local finds the right guard.
-_current = threading.local()
-
-
-def _shutdown(sock: socket.socket) -> None:
-    # shutdown(), not close(): it wakes a recv() blocked in another thread on Linux, and
-    # it leaves the file descriptor to its owner, which closes it as usual.
-    with contextlib.suppress(OSError):  # already closed: nothing left to interrupt
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-class DeadlineGuard:
-    """Shuts down the sockets of the enclosed request once ``seconds`` have passed.
-
-    Use as a context manager around one request, on the thread that makes it. A socket
-    shut down because of the deadline makes the blocked call raise; `expired` tells the
-    caller that this, not the peer, was the reason.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._expired = False
-        self._finished = False
-        self._timer = threading.Timer(max(seconds, 0.0), self._expire)
-        self._timer.daemon = True
-
-    @property
-    def expired(self) -> bool:
-        with self._lock:
-            return self._expired
-
-    def __enter__(self) -> DeadlineGuard:
-        _current.guard = self
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._timer.cancel()
-        with self._lock:
-            # After this, a late timer must not touch a socket that the pool may already
-            # have handed to another request.
-            self._finished = True
-            self._sockets.clear()
-        _current.guard = None
-
-    def watch(self, sock: socket.socket) -> None:
-        """Register a socket the guarded request is about to use."""
-        with self._lock:
-            if self._finished:
-                return
-            if self._expired:
-                _shutdown(sock)
-                return
-            self._sockets.append(sock)
-
-    def _expire(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            self._expired = True
-            for sock in self._sockets:
-                _shutdown(sock)
-
-
-def _watch(sock: socket.socket) -> None:
-    guard: DeadlineGuard | None = getattr(_current, "guard", None)
-    if guard is not None:
-        guard.watch(sock)
-
-
-class _GuardedHTTPConnection(HTTPConnection):
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        _watch(sock)  # before any TLS handshake or request byte
-        return sock
-
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        if self.sock is not None:  # a pooled connection, reused: its socket already exists
-            _watch(self.sock)
-        super().request(*args, **kwargs)
-
-
-class _GuardedHTTPSConnection(_GuardedHTTPConnection, HTTPSConnection):
-    pass
-
-
-class _GuardedHTTPConnectionPool(HTTPConnectionPool):
-    ConnectionCls = _GuardedHTTPConnection
-
-
-class _GuardedHTTPSConnectionPool(HTTPSConnectionPool):
-    ConnectionCls = _GuardedHTTPSConnection
-
-
-_GUARDED_POOLS = {"http": _GuardedHTTPConnectionPool, "https": _GuardedHTTPSConnectionPool}
+from himitsu_controller import httpdeadline
 
 
 class _GuardedAdapter(HTTPAdapter):
-    """An HTTPAdapter whose connections register their sockets with `DeadlineGuard`."""
+    """An HTTPAdapter whose connections join the request's deadline (``httpdeadline``)."""
 
     def init_poolmanager(
         self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any
     ) -> None:
         super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
-        self.poolmanager.pool_classes_by_scheme = _GUARDED_POOLS
+        self.poolmanager.pool_classes_by_scheme = httpdeadline.POOL_CLASSES
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **proxy_kwargs)
         # HTTP(S) proxies only: a SOCKS manager has pool classes of its own, and there the
         # per-chunk deadline check and the socket timeouts remain the bound.
         if isinstance(manager, ProxyManager):
-            manager.pool_classes_by_scheme = _GUARDED_POOLS
+            manager.pool_classes_by_scheme = httpdeadline.POOL_CLASSES
         return manager
 
 
 def new_session(*, pool_maxsize: int = 16) -> requests.Session:
-    """A session whose requests honour `DeadlineGuard`; urllib3 retries are off (ours only)."""
+    """A session whose requests honour ``httpdeadline.within``; urllib3 retries are off."""
     session = requests.Session()
     adapter = _GuardedAdapter(pool_connections=1, pool_maxsize=pool_maxsize, max_retries=0)
     session.mount("https://", adapter)
@@ -278,7 +163,7 @@ def bounded_get(
     failure: Abort | None = None
     response: requests.Response | None = None
     try:
-        with DeadlineGuard(remaining) as guard:
+        with httpdeadline.within(remaining) as guard:
             try:
                 response = session.get(
                     url, headers=headers, auth=auth, allow_redirects=False, stream=True,
@@ -313,7 +198,7 @@ def _read_body(
         raise Abort("too_large")
     buffer = bytearray()
     # The clock check between chunks is the fallback bound for sessions without the
-    # guarded adapter; DeadlineGuard is what ends a chunk read blocked on a trickle.
+    # guarded adapter; the deadline's watchdog ends a chunk read blocked on a trickle.
     for chunk in response.iter_content(chunk_size=_CHUNK_BYTES):
         buffer += chunk
         if len(buffer) > max_bytes:

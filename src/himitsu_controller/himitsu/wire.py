@@ -1,15 +1,10 @@
 """What a Himitsu answer means: the runtime body, error envelopes, version headers, 429s.
 
-Why strict: what this returns becomes the content of a Kubernetes Secret, or the reason
-the operator believes the Secret is current. A body that is not exactly the documented
-shape (a proxy's page, a truncated read, a bool where a version belongs, a key given
-twice, a lone surrogate that is not UTF-8) is refused rather than guessed at.
+* Strict: a body not exactly the documented shape is refused, never guessed at.
+* Pure functions of status, headers and bytes; ``judge`` returns a ``Verdict`` with a
+  message of our own (never the envelope's free text), so no traceback holds a body.
 
-Why a separate module: these are pure functions of a status, headers and bytes, testable
-without any HTTP, kept apart from the client so himitsu.py stays readable. `judge`
-*returns* a `Verdict` (with a message of our own: status, envelope code and requestId,
-never the envelope's free text or any body) instead of raising: the client raises from a
-frame that holds no body, so no traceback keeps secret material reachable.
+Design: docs/design/himitsu-client.md
 """
 
 from __future__ import annotations

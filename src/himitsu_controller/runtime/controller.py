@@ -1,29 +1,12 @@
 """Worker threads that drain a work queue into a reconcile function.
 
-Why a separate module: the loop that turns a reconcile's outcome into queue operations
-(forget, delayed requeue, rate-limited retry) is where controller-runtime's semantics
-live, and getting it subtly wrong (forgetting on a failure, requeueing on success) shows
-up only as thundering retries or stuck objects in production. Keeping it small and
-generic lets it be proved once, with any reconciler.
+* Outcomes as controller-runtime's ``reconcileHandler``: an exception or
+  ``Result(error=...)`` is counted and retried with rate limiting, ``requeue_after``
+  forgets then adds after, ``requeue=True`` is a rate-limited requeue, ``Result()`` forgets.
+* One difference: ``requeue_after`` <= 0 is a requeue ("now"), never a success.
+* Small and generic, so the loop where these semantics live is proved once.
 
-Outcomes, as in controller-runtime (``reconcileHandler``):
-
-* an exception: logged, counted as an error and a panic, retried with rate limiting;
-  the worker thread carries on;
-* ``Result(error=...)``: a failure the reconciler already handled and reported (status,
-  Event): counted as an error; retried after ``requeue_after`` when it is > 0 (the
-  failure count is kept, so a later rate-limited retry still backs off), else
-  rate-limited;
-* ``Result(requeue_after=...)``: success with a timed poll: forget, then add after;
-* ``Result(requeue=True)``: rate-limited requeue;
-* ``Result()``: success: forget.
-
-One deliberate difference: ``requeue_after`` <= 0 is a requeue, not a success. In Go a
-zero ``RequeueAfter`` is also the unset value, so controller-runtime forgets the key
-unless ``Requeue`` is set; a reconciler that computes "due 2 s ago" and returns it then
-stops its object for good. Here "unset" is None, so 0 or less can only mean "now", and
-it is a rate-limited requeue (as ``requeue=True``), which also backs off a reconciler
-that keeps saying "now".
+Design: docs/design/workqueue.md
 """
 
 from __future__ import annotations

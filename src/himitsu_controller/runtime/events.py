@@ -1,30 +1,12 @@
 """Kubernetes Events, recorded fire-and-forget, the way client-go's EventRecorder does it.
 
-Why not POST the Event where it happens: an Event is a side note for ``kubectl
-describe``, yet sending it inline made every reconcile that reported something wait for
-one more apiserver round trip (and for the client-side rate limiter). In a cold sync of
-a thousand objects that is a thousand blocking writes on the path to Ready. So
-``event()`` only builds the body and appends it to a bounded queue; one background
-thread sends the queue in order.
+* ``event()`` builds the body and queues it (bounded; a full queue drops, counted); one
+  background thread sends in order: a reconcile never waits for an Event.
+* A spam filter per (object, reason): client-go's burst 25, then one every five minutes.
+* A failed POST is retried only when a retry can help; logs never carry the message.
+* ``stop(timeout)`` sends what it can in time, then gives up.
 
-What an Event may never do is hurt the work it reports on, hence:
-
-* ``event()`` never blocks on the network and never raises;
-* a full queue drops the new Event (counted, and logged at most once a minute): a
-  flooded apiserver should not also grow our memory;
-* a spam filter per (involved object, reason), a token bucket with client-go's numbers
-  (burst 25, then one every five minutes), keeps a hot object from flooding its
-  namespace's Events;
-* a failed POST is retried a few times only when a retry can help (unreachable
-  apiserver, 429, 5xx), then dropped. Failure log lines name the object and reason,
-  never the message or the apiserver's answer (which may quote the message);
-* ``stop(timeout)`` sends what is queued within the timeout, then gives up: the
-  process is shutting down and must not hang on a best-effort side channel.
-
-Aggregation of repeats into one Event with a growing ``count`` (client-go's
-EventCorrelator) is not done: callers here emit Events on transitions only.
-
-Generic: nothing here knows the objects it reports on beyond their metadata.
+Design: docs/design/events.md
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Turning informer events into work-queue keys: event handlers and predicates.
 
-Why a module of its own (controller-runtime's ``handler`` and ``predicate`` packages):
-which events wake which keys is a policy separate from both the informer (that only
-reports changes) and the controller (that only works keys). Two policies cover most
-controllers: enqueue the object itself, optionally only when an update matters (its
-own status writes must not wake it), or map an object to the keys of the objects that
-depend on it (a Secret to the HimitsuSecrets targeting it).
+* Enqueue the object itself (optionally only when an update matters: its own status
+  writes must not wake it), or map an object to the keys that depend on it.
+* Handlers run on the informer's thread: they only enqueue, never block, and a failing
+  map function is logged and contained.
 
-Handlers run on the informer's thread, so they only enqueue: they never block or call
-the API, and a failing map function is logged and contained rather than allowed to
-break event delivery.
+Design: docs/design/workqueue.md
 """
 
 from __future__ import annotations

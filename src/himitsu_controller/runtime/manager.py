@@ -1,29 +1,13 @@
 """Start and stop everything in the one order that is safe, and report it on probes.
 
-Why the order matters (controller-runtime's manager, done with plain threads):
+* Start: metrics and probes, then informers (nothing reconciles before every cache has
+  synced), then leader election; workers run only while leading.
+* Stop: drain workers, flush Events, then release the Lease (never before our last
+  writes), then informers and servers, all within ``graceful_shutdown_timeout``.
+* Lost leadership: stop workers at once and return 1 (the pod restarts).
+* The elector is built by a factory the manager hands its callbacks to.
 
-1. metrics and probe servers first, so the kubelet sees a live process while caches fill;
-2. informers next, and nothing reconciles until every cache has synced (a reconcile on
-   a half-filled cache would see objects as missing), bounded by ``cache_sync_timeout``;
-3. leader election after that; workers (and leader-only runnables) run only while this
-   replica leads, so two replicas never write the same objects;
-4. on stop (SIGTERM/SIGINT or ``request_stop``): workers drain first, then queued Events
-   are flushed, *then* the Lease is released (a standby taking over must not overlap
-   our last writes, Events included: the write gate closes first, and a write it let
-   through still in flight makes the elector leave the Lease to expire instead), then
-   informers and servers stop. ``graceful_shutdown_timeout`` bounds all of it
-   (``shutdown.Budget``): the drain gets what is left after a reserve for the later
-   steps, each of which has a cap of its own. Exit code 0, or 1 if the drain did not
-   finish in its share;
-5. on lost leadership: stop workers without waiting for in-flight reconciles (another
-   replica may be leading by the time they would write; the write gate refuses their
-   writes anyway) and return 1, so the Deployment restarts the pod and it campaigns
-   again from a clean slate.
-
-The elector needs callbacks into the manager, so the manager takes a *factory*
-``leader_election(on_started_leading, on_stopped_leading) -> elector`` and builds the
-elector itself, e.g. ``lambda started, stopped: LeaderElector(rest, config,
-on_started_leading=started, on_stopped_leading=stopped)``.
+Design: docs/design/manager.md
 """
 
 from __future__ import annotations

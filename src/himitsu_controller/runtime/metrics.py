@@ -1,17 +1,10 @@
 """Prometheus metrics under controller-runtime's names, so existing dashboards just work.
 
-Why a private registry: the process-global ``prometheus_client.REGISTRY`` also carries
-whatever any imported library registers (and the process/platform collectors); owning the
-registry makes ``/metrics`` exactly what we define and lets tests scrape it in isolation.
+* A private registry: ``/metrics`` is exactly what we define, and tests scrape it alone.
+* In-progress work gauges are computed at scrape time, not pushed by a ticker.
+* Names, types, labels and buckets follow controller-runtime.
 
-Why a custom collector for two gauges: ``workqueue_unfinished_work_seconds`` and
-``workqueue_longest_running_processor_seconds`` describe work *in progress*, so they are
-computed at scrape time from each queue's processing start times instead of being pushed
-by a ticker thread (client-go updates them every 500 ms; a scrape-time value is fresher
-and costs nothing between scrapes).
-
-Names, types, labels and histogram buckets follow controller-runtime
-(``internal/controller/metrics``, ``pkg/metrics/workqueue.go``, ``pkg/metrics/leaderelection.go``).
+Design: docs/design/metrics.md
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """A periodic resync: every key is queued again every ``period``, whatever happened.
 
-controller-runtime's ``SyncPeriod`` (10 hours by default): a safety net, not a schedule.
-A reconciler that loses track of an object (a bug, a requeue that never came back)
-would otherwise leave it alone until something else touched it; the resync bounds that
-at one period. It costs what a reconcile of an object with nothing to do costs, so the
-reconciler must make that nothing (here: cache reads, no request).
+* controller-runtime's ``SyncPeriod``: a safety net, not a schedule; a reconcile with
+  nothing to do must cost no request.
+* Keys go in through ``add_after(key, 0)`` (the low lane); each period is shortened by up
+  to 10% at random; leader-only.
 
-The keys go in through ``add_after(key, 0)``, the work queue's low lane, so watch events
-still go first, and a key already queued is not queued twice. Each period is shortened
-by up to 10% at random (client-go's jittered resync), so replicas restarted together
-do not resync in step. Leader-only: a standby has no workers to feed.
+Design: docs/design/workqueue.md
 """
 
 from __future__ import annotations

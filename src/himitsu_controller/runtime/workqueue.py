@@ -1,36 +1,13 @@
 """A rate-limited, delaying work queue of string keys, with client-go's semantics.
 
-Why these semantics matter for a controller:
+* Stingy (a waiting key is not queued twice) and never concurrent per key (a re-add
+  while processing is queued again on ``done()``); FIFO within a lane.
+* Two lanes: ``add()`` (watch events) goes ahead of keys released by ``add_after`` and
+  ``add_rate_limited`` timers, so timed polls never delay event-driven work.
+* Delays live in a heap promoted on every operation: no timer thread, fake clocks work.
+* After shutdown ``get()`` hands out nothing more (client-go drains the queue).
 
-* Stingy: a key already waiting is not queued twice, so a burst of events for one object
-  costs one reconcile, not one per event.
-* Never concurrent per key: a key being processed is not handed to another worker; a
-  re-add while it is processing is remembered ("dirty") and queued again on ``done()``,
-  so the last change is always seen by a reconcile that starts after it.
-* Fair within a lane: keys come out in the order they (became ready and) went in.
-
-Two lanes, because timed polls must not delay event-driven work. With a thousand objects
-polling every few seconds the queue is never empty of keys released by ``add_after``
-timers, and in a single FIFO a watch event (someone deleted a target Secret) waited behind
-seconds of polls. So ``add()`` (watch events, direct adds) queues into the HIGH lane, and
-everything released by ``add_after``/``add_rate_limited`` (also with a delay <= 0) into the
-LOW lane; ``get()`` empties HIGH first. A key waiting in LOW that is ``add()``-ed moves to
-HIGH; its old LOW slot is left behind as a stale entry (matched against a per-key sequence
-number) and skipped when reached, so the move is O(1) and never hands the key out twice.
-A key re-added while processing remembers the best lane it was asked for. As with
-controller-runtime's priority queue, starvation of the LOW lane is bounded only by the
-event volume: a steady stream of events can delay polls, but polls are never dropped.
-
-Delays are kept in a heap inside the queue and promoted on every queue operation, and a
-blocked ``get()`` sleeps on a condition variable only until the earliest delayed key is
-due. That needs no timer thread, and with an injected fake clock a test can advance time
-and call ``get(timeout=0)`` to see exactly what became ready.
-
-One deliberate difference from client-go: after shutdown, ``get()`` stops handing out
-keys still in the queue (client-go hands them out until the queue is empty). Reconcilers
-here have no cancellation context, so working through a backlog would stretch shutdown
-unboundedly; the next leader lists everything and reconciles it anyway. In-flight keys
-are still waited for by ``shut_down_with_drain``.
+Design: docs/design/workqueue.md
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Where the operator may send a token: --allowed-api-urls, plain http, the token's own list.
 
-Anyone who may create a HimitsuSecret chooses where the operator sends a request, with
-a token from their namespace. Three rules narrow it, each checked before the request:
+* The operator-wide prefixes (``--allowed-api-urls``), checked before the token is read;
+  plain ``http://`` only with ``--allow-insecure-http``; the token Secret's
+  ``himitsu.io/allowed-api-urls`` annotation narrows it further.
+* URLs are normalised by ``himitsu.validate_api_url`` and matched on segment boundaries.
 
-* the operator-wide prefixes (``--allowed-api-urls``), set by the cluster administrator,
-  checked before the token Secret is even read;
-* plain ``http://`` only with ``--allow-insecure-http`` (a token in clear text);
-* the token Secret's ``himitsu.io/allowed-api-urls`` annotation, written by whoever
-  owns the token: it narrows where that token may go, whatever the operator-wide list
-  allows. A HimitsuSecret author cannot widen it: it is on a Secret they did not write.
-
-Prefixes and apiUrls are normalised by ``himitsu.validate_api_url``, whose output is the
-URL the client requests (it refuses anything a client or server would rewrite, such as
-``..``), and matched on path-segment boundaries.
+Design: docs/design/himitsu-client.md
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ nothing after a restart) and compares the cache's resourceVersion with the one i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +53,67 @@ class Memory:
     data_ids: tuple[tuple[str, str], ...] = ()
     workloads: dict[tuple[str, str], str] | None = None
 
+    # How a Memory changes: these methods (and ``sync.restarts``' record of the data) are
+    # the only writers of its fields, each named for what happened.
+
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""
         self.target_rv, self.cache_has_write = rv, False
+
+    def cache_caught_up(self) -> None:
+        """The informer has shown our last write: from now on it lags no more."""
+        self.cache_has_write = True
+
+    def scheduled(self, *, answered: float | None, interval: float, due: float | None) -> None:
+        """The answer the target holds, the interval it is polled under, the next poll."""
+        self.answered, self.interval, self.due = answered, interval, due
+
+    def rescheduled(self, due: float | None) -> None:
+        self.due = due
+
+    def follow(self, reads: tuple[str, ...]) -> None:
+        """The spec names another source: nothing fetched for the old one counts."""
+        self.reads, self.source, self.revalidate = reads, None, None
+
+    def asked(self, source: str, *, began: float, answered: float, stale: bool) -> None:
+        """An answer for ``source`` (Himitsu took the token). ``stale``: written from an
+        answer older than the reconcile that ``began``: it takes only a newer one then."""
+        self.source, self.refused, self.refusals = source, None, 0
+        if stale:
+            self.revalidate = began if self.revalidate is None else self.revalidate
+        elif self.revalidate is not None and answered >= self.revalidate:
+            self.revalidate = None
+
+    def refused_by(self, source: str, *, now: float, backoff: Callable[[int], float]) -> float:
+        """Himitsu refused the token of ``source`` (401/403): not asked again for
+        ``backoff(refusals in a row)`` seconds, which are returned."""
+        self.refusals = self.refusals + 1 if self.refused == source else 1
+        wait = backoff(self.refusals)
+        self.refused, self.refused_until = source, now + wait
+        return wait
+
+    def lost_race(self, seen: str | None, *, creating: bool) -> int:
+        """A write lost an optimistic-concurrency race; the races in a row."""
+        self.expect(seen)
+        self.read_live = self.read_live or creating
+        self.races += 1
+        return self.races
+
+    def wrote(self, rv: str | None, *, sent: bool) -> None:
+        """A write (or a write found unneeded) left the target at ``rv``."""
+        self.races = 0
+        self.expect(rv)
+        if sent:
+            self.read_live = False
+
+    def synced(self, *, answered: float, interval: float, due: float | None) -> None:
+        self.failures = 0
+        self.scheduled(answered=answered, interval=interval, due=due)
+
+    def failed(self) -> None:
+        """A retry is not the scheduled poll: no lateness allowance."""
+        self.failures += 1
+        self.due = None
 
 
 def resource_version(obj: Mapping[str, Any] | None) -> str | None:

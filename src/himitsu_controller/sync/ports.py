@@ -2,7 +2,7 @@
 
 ``Kube`` is implemented on the runtime's REST client and informer caches by
 ``himitsu_controller.kube`` (the adapter) and in memory by the unit tests' fakes;
-``Fetcher`` by ``sync.polls.SharedPoller`` in front of ``himitsu.HimitsuClient``. The
+``Fetcher`` by ``sync.polling.polls.SharedPoller`` in front of ``himitsu.HimitsuClient``. The
 reconcile sees nothing else of Kubernetes or Himitsu, so every rule in ``sync/`` can be
 proven without a cluster, and the adapter depends on this file only, never on the
 reconcile itself.

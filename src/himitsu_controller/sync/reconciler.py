@@ -1,13 +1,13 @@
-"""The idempotent reconcile of one HimitsuSecret: fetch-or-304, render, write, status.
+"""The idempotent reconcile of one HimitsuSecret, in four named phases of ``_sync``:
 
-It talks to Kubernetes only through the ``Kube`` port (``sync.ports``, implemented on
-the runtime's client by ``kube.py``) and to Himitsu through ``Fetcher`` (the shared
-poller in front of the API client), so every rule can be proven without a cluster.
+* inputs: the token and the target (or a wake with nothing to do);
+* answer: Himitsu's (a fetch, or a 304), or the target's own for a wake not yet due;
+* apply: write the answer, or confirm the target holds it;
+* record: status, memory (``Memory``'s methods are its only writers), the next wake.
 
-Two promises shape the code. A conditional request is sent only when the target still
-holds exactly what we wrote for this spec, or a 304 would confirm data that is not
-there. And no failure ever empties or shrinks a target: every failure path raises
-``_Failure`` before any write, and only the status is touched.
+Kubernetes only through ``sync.ports.Kube``, Himitsu only through ``Fetcher``. A
+conditional request only when the target holds exactly what we wrote for this spec; no
+failure ever empties or shrinks a target (failures raise before any write).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import random
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -60,6 +61,35 @@ class _Requeue(Exception):
         super().__init__()
         self.delay = delay
         self.paced = paced
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What a sync starts from: the token, the target, and what the target holds."""
+
+    token: str = field(repr=False)
+    source: str  # the poller's source (token hash included)
+    target: dict[str, Any] | None = field(repr=False)
+    forced: bool  # a user's force-sync
+    moved: bool  # the spec names another source than memory last read
+    began: float
+    held: bool  # the target holds our data (its metadata may still need a repair)
+    intact: bool  # ... and from this very source: a conditional request is safe
+    consistent: bool  # ... and every stamp: nothing to put back
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What Himitsu answered (or the target's own data, for a quiet wake)."""
+
+    result: himitsu.FetchResult = field(repr=False)
+    retry: float | None  # written from memory: ask Himitsu again after this long
+    limited: bool  # ... because Himitsu rate-limited the source (a 429, our pacing)
+    restamp: tuple[dict[str, Any], dict[str, str]] | None = field(repr=False)
+    quiet: bool  # a wake before the poll was due: nothing was asked
+    polled: float
+    answered: float  # when Himitsu gave it
+    late: float  # a timed poll's lag behind its promise
 
 
 class HimitsuSecretReconciler:
@@ -115,10 +145,21 @@ class HimitsuSecretReconciler:
         return self._restarts.after(ctx, spec, self._remember(ctx), result) \
             if spec is not None else result
 
-    # -- the happy path -------------------------------------------------------------
+    # -- the happy path: inputs, answer, apply, record ---------------------------------
 
     def _sync(self, ctx: Context, spec: api.Spec, api_url: str) -> Result:
         mem = self._remember(ctx)
+        inputs = self._inputs(ctx, spec, mem, api_url)
+        if isinstance(inputs, Result):  # a wake with nothing to do
+            return inputs
+        answer = self._answer(ctx, spec, mem, inputs, api_url)
+        data_changed, count = self._apply(ctx, spec, mem, inputs, answer)
+        return self._record(ctx, spec, mem, answer, data_changed=data_changed, count=count)
+
+    def _inputs(self, ctx: Context, spec: api.Spec, mem: Memory,
+                api_url: str) -> _Inputs | Result:
+        """The token and the target, and what the target holds; or the Result of a wake
+        that needs neither (after a restart, or woken with nothing to do)."""
         lag.first_sight(mem, last_sync_time=ctx.status.last_sync_time,
                         interval=spec.refresh_interval, in_step=wakes.in_step(ctx))
         moved = self._follow_spec(ctx, spec, mem, api_url)
@@ -137,6 +178,18 @@ class HimitsuSecretReconciler:
         began = self._now().timestamp()
         token, source = self._source(ctx, spec, mem, api_url, forced=forced, now=began)
         target = self._read_target(ctx, spec, mem)
+        self._check_ownership(ctx, spec, target)
+        held = targets.holds_data(  # its metadata may still need a repair
+            target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
+        consistent = held and targets.holds_stamps(target, owner=ctx.owner, spec=spec)
+        # The data must be written anew (a first sync, a repair, another token: a token's
+        # hash is no part of the target's source stamp, but it is the poller's source).
+        return _Inputs(token=token, source=source, target=target, forced=forced,
+                       moved=moved, began=began, held=held,
+                       intact=held and mem.source in (None, source), consistent=consistent)
+
+    def _check_ownership(self, ctx: Context, spec: api.Spec,
+                         target: Mapping[str, Any] | None) -> None:
         try:
             targets.check_ownership(
                 target, owner=ctx.owner, policy=spec.target.creation_policy,
@@ -145,58 +198,68 @@ class HimitsuSecretReconciler:
             )
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
-        held = targets.holds_data(  # its metadata may still need a repair
-            target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
-        # The data must be written anew (a first sync, a repair, another token: a token's
-        # hash is no part of the target's source stamp, but it is the poller's source).
-        intact = held and mem.source in (None, source)
-        consistent = held and targets.holds_stamps(target, owner=ctx.owner, spec=spec)
-        known = self._known_version(ctx, intact=consistent)
-        floor = ctx.status.config_version if held else None
-        # A wake before the poll is due, with the target holding our data (a foreign
-        # annotation or Merge key, a spec edit keeping the source): no news is needed.
-        held_answer = wakes.held_answer(self._kube, ctx, spec, mem, target, now=began,
-                                        consistent=consistent) \
-            if intact and not (forced or moved) else None
-        result, retry, limited = (held_answer[0], None, False) if held_answer is not None \
-            else self._fetch(ctx, spec, token, known,
-                             window=self._window(spec, mem, intact=intact), api_url=api_url,
-                             floor=floor, fallback=not intact, fingerprint=source)
-        restamp = held_answer[1] if held_answer is not None else None
-        mem.source, mem.refused, mem.refusals = source, None, 0
+
+    def _answer(self, ctx: Context, spec: api.Spec, mem: Memory, inputs: _Inputs,
+                api_url: str) -> _Answer:
+        """Himitsu's answer (or a 304), or the one the target holds for a wake before the
+        poll is due (a foreign annotation or Merge key, a spec edit keeping the source)."""
+        held = wakes.held_answer(self._kube, ctx, spec, mem, inputs.target, now=inputs.began,
+                                 consistent=inputs.consistent) \
+            if inputs.intact and not (inputs.forced or inputs.moved) else None
+        result: himitsu.FetchResult
+        retry: float | None = None
+        limited = False
+        if held is not None:
+            result = held[0]
+        else:
+            result, retry, limited = self._fetch(
+                ctx, spec, inputs.token, self._known_version(ctx, intact=inputs.consistent),
+                window=self._window(spec, mem, intact=inputs.intact), api_url=api_url,
+                floor=ctx.status.config_version if inputs.held else None,
+                fallback=not inputs.intact, fingerprint=inputs.source)
         polled = self._now().timestamp()
         answered = polled - result.age
-        if retry is not None or (not intact and answered < began):
-            # Written from an answer older than this reconcile (Himitsu refused, or it was
-            # shared): one revalidation soon, shared by every reader that did the same.
-            mem.revalidate = began if mem.revalidate is None else mem.revalidate
-        elif mem.revalidate is not None and answered >= mem.revalidate:
-            mem.revalidate = None
+        # Written from an answer older than this reconcile (Himitsu refused, or it was
+        # shared): one revalidation soon, shared by every reader that did the same.
+        mem.asked(inputs.source, began=inputs.began, answered=answered,
+                  stale=retry is not None or (not inputs.intact and answered < inputs.began))
         # Lateness is a timed poll's only, against the interval it was due under.
         timed = schedule.is_due(polled, mem.due)
         if timed:
             metrics.observe_lateness(polled - (mem.due or polled))
-        if restamp is not None:  # the stamps back, the data as the target holds it
-            data_changed, count = self._write(
-                ctx, spec, mem, target=restamp[0], rendered=restamp[1],
-                version=result.version), ctx.status.secret_count
-        elif isinstance(result, himitsu.NotModified):
-            data_changed, count = False, ctx.status.secret_count
+        return _Answer(result=result, retry=retry, limited=limited,
+                       restamp=held[1] if held else None,
+                       quiet=held is not None, polled=polled, answered=answered,
+                       late=schedule.lag(polled, mem.answered, mem.interval) if timed else 0.0)
+
+    def _apply(self, ctx: Context, spec: api.Spec, mem: Memory, inputs: _Inputs,
+               answer: _Answer) -> tuple[bool, int | None]:
+        """Write the answer, or confirm that the target holds it: whether the data changed,
+        and how many keys it holds."""
+        result = answer.result
+        if answer.restamp is not None:  # the stamps back, the data as the target holds it
+            target, rendered = answer.restamp
+            return self._write(ctx, spec, mem, target=target, rendered=rendered,
+                               version=result.version), ctx.status.secret_count
+        if isinstance(result, himitsu.NotModified):
             # What the workloads' records are compared with.
-            restarts.learn(mem, target if spec.rollout.targets else None)
-            if held_answer is None:  # a poll; a quiet wake asked nothing
+            restarts.learn(mem, inputs.target if spec.rollout.targets else None)
+            if not answer.quiet:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
-        else:
-            data_changed, count = self._write_answer(
-                ctx, spec, mem, target=target, result=result, retry=retry if limited else None)
+            return False, ctx.status.secret_count
+        return self._write_answer(ctx, spec, mem, target=inputs.target, result=result,
+                                  retry=answer.retry if answer.limited else None)
+
+    def _record(self, ctx: Context, spec: api.Spec, mem: Memory, answer: _Answer, *,
+                data_changed: bool, count: int | None) -> Result:
+        """Status (and an earlier target released), memory, and the next wake."""
         self._release_earlier_targets(ctx, spec)
         self._report_synced(
-            ctx, spec, version=result.version, count=count or 0, data_changed=data_changed,
-            answered=answered, late=schedule.lag(polled, mem.answered, mem.interval)
-            if timed else 0.0, interval=mem.interval)
-        mem.failures, mem.answered = 0, answered
-        self._schedule(spec, mem, result.jitter, polled=polled, retry=retry,
-                       quiet=held_answer is not None)
+            ctx, spec, version=answer.result.version, count=count or 0,
+            data_changed=data_changed, answered=answer.answered, late=answer.late,
+            interval=mem.interval)
+        mem.synced(answered=answer.answered, interval=spec.refresh_interval,
+                   due=self._next_due(spec, mem, answer))
         return wakes.until_due(mem, now=self._clock())
 
     def _write_answer(self, ctx: Context, spec: api.Spec, mem: Memory, *,
@@ -217,18 +280,19 @@ class HimitsuSecretReconciler:
         metrics.count_sync("written" if data_changed else "unchanged")
         return data_changed, len(result.secrets)
 
-    def _schedule(self, spec: api.Spec, mem: Memory, jitter: float | None, *, polled: float,
-                  retry: float | None, quiet: bool) -> None:
+    def _next_due(self, spec: api.Spec, mem: Memory, answer: _Answer) -> float | None:
         """The next poll: an interval after the answer held (a quiet wake keeps the one
         scheduled), sooner when that answer must be revalidated."""
-        answered = mem.answered or polled
-        if not quiet or mem.interval != spec.refresh_interval:
-            mem.due = schedule.next_due(spec.refresh_interval, answered=answered,
-                                        fraction=self._rng() if jitter is None else jitter)
-        mem.interval = spec.refresh_interval
+        due = mem.due
+        if not answer.quiet or mem.interval != spec.refresh_interval:
+            due = schedule.next_due(
+                spec.refresh_interval, answered=answer.answered,
+                fraction=self._rng() if answer.result.jitter is None else answer.result.jitter)
         if mem.revalidate is not None:
-            soon = polled + retry if retry is not None else answered + schedule.FRESH
-            mem.due = soon if mem.due is None else min(mem.due, soon)
+            soon = answer.polled + answer.retry if answer.retry is not None \
+                else answer.answered + schedule.FRESH
+            due = soon if due is None else min(due, soon)
+        return due
 
     def _source(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str, *,
                 forced: bool, now: float) -> tuple[str, str]:
@@ -279,8 +343,7 @@ class HimitsuSecretReconciler:
             # generation), or the spec changed since, perhaps its token reference.
             moved = mem.reads is not None or ctx.status.observed_generation != ctx.generation
             # Interned: parsing makes new strings, which memory would keep per object.
-            mem.reads = tuple(sys.intern(part) for part in reads)
-            mem.source, mem.revalidate = None, None
+            mem.follow(tuple(sys.intern(part) for part in reads))
             return moved
         return False
 
@@ -382,11 +445,8 @@ class HimitsuSecretReconciler:
         message = exc.gist if isinstance(exc, himitsu.HimitsuError) else str(exc)
         if isinstance(exc, (himitsu.Unauthorized, himitsu.Forbidden)):
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key)
-            mem = self._remember(ctx)
-            mem.refusals = mem.refusals + 1 if mem.refused == fingerprint else 1
-            mem.refused = fingerprint
-            wait = schedule.auth_backoff(mem.refusals)
-            mem.refused_until = self._clock() + wait
+            wait = self._remember(ctx).refused_by(fingerprint, now=self._clock(),
+                                                  backoff=schedule.auth_backoff)
             raise _Failure("AuthenticationFailure", message, request_id=request_id,
                            retry_after=self._recheck(spec, wait)) from None
         if isinstance(exc, (himitsu.BadRequest, himitsu.InvalidInput)):
@@ -428,33 +488,27 @@ class HimitsuSecretReconciler:
         except writes.Raced as exc:
             # What a direct read showed, if one did: the next reconcile reads it afresh
             # (the cache disagrees with it) instead of deciding on the cache again.
-            mem.expect(exc.seen)
-            mem.read_live = mem.read_live or exc.creating
-            mem.races += 1
-            if mem.races >= RACES_REPORTED:  # now _failed's backoff paces the retries
+            races = mem.lost_race(exc.seen, creating=exc.creating)
+            if races >= RACES_REPORTED:  # now _failed's backoff paces the retries
                 raise _Failure("WriteFailure", (
                     f"Secret {spec.target.name!r} changed under each of the last "
-                    f"{mem.races} writes (someone else writes, deletes or recreates it); "
+                    f"{races} writes (someone else writes, deletes or recreates it); "
                     "retrying with backoff")) from None
-            raise _Requeue(CONFLICT_REQUEUE * 2 ** (mem.races - 1)) from None
+            raise _Requeue(CONFLICT_REQUEUE * 2 ** (races - 1)) from None
         except KubeError as exc:
             mem.data_id = None  # the write may have landed: what the target holds is read
             raise _Failure("WriteFailure", str(exc)) from None
-        mem.races = 0
         if spec.rollout.targets:
             restarts.learn(mem, done.secret, since=self._clock()
                            if data_id != before.get(api.ANN_DATA_ID) else None)
-        mem.expect(resource_version(done.secret))
-        if done.wrote:
-            mem.read_live = False
+        mem.wrote(resource_version(done.secret), sent=done.wrote)
         return done.data_changed
 
     # -- failures and timing ----------------------------------------------------------
 
     def _failed(self, ctx: Context, spec: api.Spec | None, failure: _Failure) -> Result:
         mem = self._remember(ctx)
-        mem.failures += 1
-        mem.due = None  # a retry is not the scheduled poll: no lateness allowance
+        mem.failed()
         metrics.count_sync("failed", failure.reason)
         log.info("sync failed", key=ctx.key, reason=failure.reason, message=failure.message,
                  request_id=failure.request_id)
@@ -489,7 +543,7 @@ class HimitsuSecretReconciler:
     def lag(self) -> tuple[float, int, float]:
         """The largest lag behind the promise, how many targets lag and the largest lag
         in refreshIntervals, over every
-        HimitsuSecret in the cache (``sync.lag``: why not only those in memory)."""
+        HimitsuSecret in the cache (``sync.polling.lag``: why not only those in memory)."""
         with self._lock:
             memory = dict(self._memory)
         return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)

@@ -1,16 +1,11 @@
 """HimitsuSecret status: the Ready condition, its Events, and what we last wrote.
 
-Status is how users see the operator (``kubectl get hsec``, ``describe``), so it follows
-Kubernetes conventions: lastTransitionTime moves only when Ready flips, one Event per
-transition rather than one per poll, and a status that would not change is not written.
+* Kubernetes conventions: lastTransitionTime moves only when Ready flips, one Event per
+  transition, and a status that would not change is not written.
+* The writer remembers what it last patched (one flat tuple per object): the informer's
+  copy lags behind our own patch. Conditions of another writer are kept.
 
-The writer also remembers the status it last patched for each object. The informer's
-copy of a HimitsuSecret lags behind our own patch; reading the stale copy would make the
-next reconcile think the target disagrees with status and force a needless full fetch.
-It is kept as one flat tuple per object (``_pack``: the uid, the six status fields and
-the Ready condition's five), not as a copy of the status dict: a status with anything
-else in it is kept as it is. The schema admits no field but ours; a condition of another
-type is another writer's: every write keeps those the informer last showed.
+Design: docs/design/status.md
 """
 
 from __future__ import annotations

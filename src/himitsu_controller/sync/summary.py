@@ -1,30 +1,12 @@
 """What the informers keep of each object: only what the reconcile reads (their transforms).
 
-A Secret informer that cached whole Secrets would hold every value of every target in
-memory for the life of the process (and a ``kubectl apply``'d Secret carries its values a
-second time, in the last-applied annotation). The reconcile needs none of them to decide
-anything: whether a target still holds what we wrote is a comparison of digests, and the
-values matter only to a write built on top of the target (a Merge target's foreign keys,
-the old Secret a type change puts back), which reads the Secret afresh at that moment
-(``writes.write``). So the Secret informer keeps a *summary*: the metadata the reconcile
-reads (no ``api.DROPPED_ANNOTATIONS``), the type, and instead of ``data`` its sorted keys
-and one digest of the values that are the operator's: those of the keys the Secret's own
-``himitsu.io/managed-keys`` names (a Merge target's part), or every one of a Secret it
-wrote as Owner (``himitsu.io/owned-by``, no managed-keys record). Of a Secret holding only
-someone else's values (a Merge target's foreign keys, a Secret not yet ours) nothing is
-digested. ``targets`` reads summaries and whole Secrets alike; a summary is never the base
-of a write.
+* A Secret's summary: the metadata the reconcile reads, its type, its sorted keys and one
+  keyed digest (HMAC under a per-process key) of the operator's values: never a value.
+  A write reads the Secret afresh; a summary is never its base.
+* A HimitsuSecret keeps its spec, status and the metadata the reconcile reads.
+* Both share the strings that repeat from object to object (``SHARED``).
 
-The digest is keyed: HMAC-SHA256, under a key drawn at random for this process, of the
-``render.data_hash`` the ``himitsu.io/data-hash`` annotation records (that one stays
-comparable across restarts). A digest a heap dump or a debugger shows cannot be tried
-against guesses of a short value without the key; a summary is compared with the
-annotation by keying the annotation (``holds_hash``).
-
-The HimitsuSecret informer keeps its spec and status whole and of its metadata what the
-reconcile reads (no labels, no creationTimestamp, no dropped annotation; the
-runtime drops managedFields of every informer). Both share the strings that repeat from
-object to object (``SHARED``: the runtime interns those fields' values, and every key).
+Design: docs/design/targets.md
 """
 
 from __future__ import annotations
@@ -37,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from himitsu_controller import api
-from himitsu_controller.sync.target.render import data_hash
 
 __all__ = ["DIGEST", "SHARED", "himitsu_secret", "holds_hash", "is_summary", "keys_of",
            "secret"]
@@ -80,7 +61,7 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
         # One string (data keys hold no ","), shared by every target with the same keys.
         DIGEST: {"keys": sys.intern(",".join(str(k) for k in keys)),
                  "ours": None if digested is None else _keyed(
-                     data_hash({k: data[k] for k in digested if k in data}))},
+                     api.data_hash({k: data[k] for k in digested if k in data}))},
     }
     return summary
 
@@ -110,11 +91,11 @@ def keys_of(obj: Mapping[str, Any]) -> list[str]:
 
 
 def holds_hash(obj: Mapping[str, Any], keys: Sequence[str], recorded: str) -> bool:
-    """Do the values of the ``keys`` of ``obj`` (those it holds) have ``render.data_hash``
+    """Do the values of the ``keys`` of ``obj`` (those it holds) have ``api.data_hash``
     ``recorded``? Of a summary, known only for the keys its digest covers (False else)."""
     if not is_summary(obj):
         data = obj.get("data") or {}
-        return data_hash({k: data[k] for k in keys if k in data}) == recorded
+        return api.data_hash({k: data[k] for k in keys if k in data}) == recorded
     digest = obj[DIGEST]["ours"]
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     return (digest is not None and sorted(keys) == _digested_keys(annotations, keys_of(obj))

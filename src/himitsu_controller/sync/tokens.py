@@ -1,15 +1,11 @@
 """The Himitsu token a HimitsuSecret names: read from its Secret, trimmed, checked.
 
-A token is read through ``Kube.read_secret_value`` (the adapter caches values per
-(namespace, Secret, key) and re-reads them after a while or after a 401/403). Before
-anything else, the Secret's ``himitsu.io/allowed-api-urls`` annotation, if any, must
-allow the apiUrl (``TokenNotAllowed``: where a token may go is its owner's choice, not
-the HimitsuSecret author's). Then the value is checked against Himitsu's token format
-before it is ever sent, so a truncated or mistyped credential fails here with a message
-that says how to fix it, instead of as a 401 on every poll. Messages name the Secret
-and the key, never the value nor anything of it; they are read by whoever may create a
-HimitsuSecret, who may not read the Secret, so a missing key, an empty or binary value
-and a malformed one share one message (the operator's log says which).
+* The Secret's ``himitsu.io/allowed-api-urls`` must allow the apiUrl (``TokenNotAllowed``).
+* The value is checked against Himitsu's token format before it is ever sent.
+* Messages name the Secret and the key, never the value; a missing, empty, binary or
+  malformed value shares one message (the log says which).
+
+Design: docs/design/adapter.md
 """
 
 from __future__ import annotations

@@ -67,9 +67,9 @@ def defer_after_restart(
     ):
         return None
     mem.expect(resource_version(target))
-    mem.due = now + remaining if interval > 0 else None
-    mem.answered = now + remaining - interval  # lastSyncTime: what the target holds
-    mem.interval = interval
+    # lastSyncTime: what the target holds
+    mem.scheduled(answered=now + remaining - interval, interval=interval,
+                  due=now + remaining if interval > 0 else None)
     # No status write will report it for now: a new process's Ready gauge starts here.
     metrics.set_ready(ctx.owner.namespace, ctx.owner.name, True, "Synced")
     return until_due(mem, now=now)
@@ -154,7 +154,7 @@ def not_due_since(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> floa
 def note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
     """The informer has shown our last write: from now on it lags no more."""
     if mem.target_rv is not None and resource_version(target) == mem.target_rv:
-        mem.cache_has_write = True
+        mem.cache_caught_up()
 
 
 def until_due(mem: Memory, *, now: float) -> Result:
@@ -163,5 +163,6 @@ def until_due(mem: Memory, *, now: float) -> Result:
     forgets the key; a due time already past is "poll now" (``schedule.requeue_delay``)."""
     if mem.due is None:
         return Result()
-    mem.due = schedule.within_interval(now, mem.due, mem.interval)
-    return Result(requeue_after=schedule.requeue_delay(now, mem.due))
+    due = schedule.within_interval(now, mem.due, mem.interval)
+    mem.rescheduled(due)
+    return Result(requeue_after=schedule.requeue_delay(now, due))

@@ -1,5 +1,5 @@
 """Status writes land on the object they were computed for, and a failure is reported even
-when its status cannot be written; no secret in an exec plugin spec's repr.
+when its status cannot be written.
 
 Found by the final review of session 5 (each test failed before its fix).
 
@@ -12,9 +12,6 @@ uid is dropped and the status lands on the namesake. FakeKube and model_kube ans
 there, which the apiserver does not. A JSON patch whose first op is
 ``{"op": "test", "path": "/metadata/uid", ...}`` is refused (422) when the uid differs.
 
-F2: ``repr(ExecSpec)`` shows ``cluster`` (provideClusterInfo): the proxy-url with its
-password, and the exec extension's config.
-
 F4: a Warning Event is lost whenever the Ready=False status patch fails.
 """
 
@@ -23,20 +20,15 @@ from __future__ import annotations
 import builtins
 import copy
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes import FakeKube
-from test_kubeconfig import exec_user, no_ambient_config, plugin, write_config
 
 from himitsu_controller.kube import KubeClient
-from himitsu_controller.runtime.client.kubeconfig import load_client_config
 from himitsu_controller.runtime.client.rest import ApiError
 from himitsu_controller.sync.ports import KubeError
 from himitsu_controller.sync.status import StatusWriter
-
-__all__ = ["no_ambient_config"]  # the autouse fixture: no ambient kubeconfig or proxy
 
 STATUS_PATH = "/apis/himitsu.io/v1alpha1/namespaces/apps/himitsusecrets/app-config/status"
 
@@ -116,23 +108,6 @@ def test_status_patch_from_a_deleted_objects_copy_never_lands_on_its_namesake() 
     with pytest.raises(KubeError):
         client.patch_status("apps", "app-config", stale, uid="u-old")
     assert server.stored["status"] == namesake_status
-
-
-def test_the_exec_specs_repr_holds_no_proxy_password_from_provide_cluster_info(
-        tmp_path: Path) -> None:
-    """F2. The commit says 'no secret in reprs'; provideClusterInfo copies the proxy in
-    use (with its userinfo) into ExecSpec.cluster, which the dataclass repr shows."""
-    plugin(tmp_path)
-    user = exec_user()
-    user["exec"]["provideClusterInfo"] = True
-    path = write_config(tmp_path / "c", cluster={
-        "server": "https://10.1.2.3:6443", "proxy-url": "http://u:proxy-pass-42@proxy.test:1",
-        "extensions": [{"name": "client.authentication.k8s.io/exec",
-                        "extension": {"clientSecret": "ext-secret-42"}}]}, user=user)
-    spec = load_client_config(path).credentials.spec  # type: ignore[attr-defined]
-    assert "proxy-pass-42" in spec.exec_info()  # the plugin is given it, as client-go does
-    for secret in ("proxy-pass-42", "ext-secret-42"):
-        assert secret not in repr(spec)
 
 
 def test_a_failure_whose_status_cannot_be_written_still_gets_its_event() -> None:

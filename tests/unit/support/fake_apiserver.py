@@ -21,6 +21,7 @@ from __future__ import annotations
 import http.server
 import json
 import queue
+import ssl
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -110,8 +111,8 @@ class WatchSession:
 class FakeApiServer:
     """Objects of one resource type, served on every collection path."""
 
-    def __init__(self, *, list_kind: str = "WidgetList",
-                 api_version: str = "example.io/v1") -> None:
+    def __init__(self, *, list_kind: str = "WidgetList", api_version: str = "example.io/v1",
+                 tls: ssl.SSLContext | None = None) -> None:
         self.list_kind = list_kind
         self.api_version = api_version
         self.tokens = {TOKEN}
@@ -134,6 +135,9 @@ class FakeApiServer:
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
+        self._tls = tls is not None  # https (the in-cluster configuration's)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         # A client that hangs up mid-watch makes writes fail: expected, not worth a traceback.
         self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
@@ -142,7 +146,7 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{'https' if self._tls else 'http'}://{host!s}:{port}"
 
     def start(self) -> FakeApiServer:
         self._thread.start()

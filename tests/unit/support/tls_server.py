@@ -29,8 +29,9 @@ class Pki:
     client_key: Path
 
 
-def make_pki(base: Path) -> Pki:
-    """A CA, a server certificate for kubernetes.default.svc only, a client certificate."""
+def make_pki(base: Path, *, server_names: str = "DNS:kubernetes.default.svc") -> Pki:
+    """A CA, a server certificate for ``server_names`` (kubernetes.default.svc only), a
+    client certificate."""
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -41,7 +42,7 @@ def make_pki(base: Path) -> Pki:
 
     openssl("req", "-x509", *curve, "-keyout", base / "ca.key", "-out", base / "ca.crt",
             "-days", "1", "-subj", "/CN=test-ca")
-    for name, extension in (("server", "subjectAltName=DNS:kubernetes.default.svc"),
+    for name, extension in (("server", f"subjectAltName={server_names}"),
                             ("client", "extendedKeyUsage=clientAuth")):
         (base / f"{name}.ext").write_text(extension + "\n")
         openssl("req", *curve, "-keyout", base / f"{name}.key", "-out", base / f"{name}.csr",

@@ -1,43 +1,14 @@
 """client-go's reflector and indexer informer, on raw JSON dicts.
 
-Why our own: ``kubernetes.watch.Watch`` turns a 410 into an exception (or one silent
-retry), never shows ERROR events, cannot tell a clean end of stream from a broken one,
-and has no store; the client's SharedInformer (37.x) builds generated models and has no
-relist-on-410 diff. A controller needs the reflector's guarantees:
+* LIST then WATCH from the list's resourceVersion (bookmarks on, a server timeout in
+  [300, 600) s, a client read timeout for half-open connections); a watch that ends is
+  reopened where it stopped, an expired one relists and synthesises the deletes missed.
+* Failures back off 0.8 s doubling to 30 s; ``unhealthy_for``/``stalled_for`` feed the
+  readiness and liveness probes.
+* Objects are reduced by the transform before they are cached or handed to a handler;
+  handlers run on the informer thread, in event order.
 
-* LIST then WATCH from the list's resourceVersion, so no change is missed
-  between the two; ``allowWatchBookmarks`` keeps our resourceVersion fresh on quiet
-  resources so a rewatch rarely hits 410.
-* A server ``timeoutSeconds`` random in [300, 600) spreads rewatches of many clients; a
-  client read timeout (90 s, longer than the ~60 s bookmark interval) bounds a half-open
-  connection, which would otherwise hang the watch forever.
-* A watch that ends (cleanly, by read timeout or by a reset) is reopened from the last
-  resourceVersion seen: no relist, no duplicate events. As client-go's reflector, the
-  other ends relist: an expired resourceVersion (410) at once after a watch that worked;
-  a 410 again within RELIST_AT_ONCE_AFTER of the last relist, or before anything was
-  delivered since the last list, after a backoff (else a resource version that keeps expiring
-  would relist in a loop, each a full LIST); any other ERROR event (a
-  504 "too large resource version" after an etcd restore, a 500, a 403), a watch
-  request that fails, a stream that is not events or a watch that dies within a second
-  with nothing, after a backoff. Only a 429 and a refused connection (the apiserver is
-  down) back off and rewatch. A relist diffs against the cache and synthesises deletes
-  for objects that vanished meanwhile; how it lists (from the watch cache, not etcd) is
-  ``pager``'s.
-* Failures back off 0.8 s doubling to 30 s with jitter, so an unavailable apiserver is
-  not hammered. ``unhealthy_for()`` is how long the informer has had no working watch
-  (a watch that fails before delivering anything does not count): the manager's
-  readiness probe is built on it. ``stalled_for()`` is how long the apiserver has been
-  answering (a list, a refused watch) without a working watch: the liveness probe's,
-  since a restart may fix that but cannot fix an unreachable apiserver, so a refused
-  connection starts that clock over.
-
-Every object is reduced by the informer's transform (``transform``: managedFields always
-go) before it is cached or handed to a handler, on the list and the watch path alike;
-one it fails on is not cached, and an earlier version of it goes as if deleted.
-Handlers run on the informer thread, in event order; a failing handler is logged and
-the informer carries on. On a relist an object whose resourceVersion did not change is
-not re-announced (client-go's resync-on-relist is what the workqueue's timed requeues
-already give us).
+Design: docs/design/informers.md
 """
 
 from __future__ import annotations

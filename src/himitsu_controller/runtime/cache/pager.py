@@ -1,40 +1,13 @@
 """How the informer LISTs: client-go's reflector ``list()`` and its pager, on raw dicts.
 
-Why the resourceVersion of a LIST matters: it decides whether kube-apiserver answers
-from its watch cache (memory) or reads every object of the type from etcd and filters
-them (a label selector does not help etcd). A relist of the Secret informer must not
-read every Secret in the cluster from etcd. And why pages matter: a list answered in one
-page is decoded whole before the informer's transform reduces it (1,000 Secrets with
-their values, ~10 MiB at once); in pages of ``limit`` only one page is ever whole.
+* The resourceVersion of a LIST decides whether kube-apiserver answers from its watch
+  cache or from etcd: lists and relists are asked so the cache answers.
+* In pages where the watch cache serves them so (list snapshots, kube-apiserver 1.34+;
+  ``lists_from_snapshots``): only one page is ever decoded whole. Older servers keep
+  client-go's one-page rules.
+* An expired or too large resourceVersion lists again at the latest one, paginated.
 
-Servers whose watch cache serves paginated lists (list snapshots: kube-apiserver 1.34 and
-later, ``ListFromCacheSnapshot``; ``lists_from_snapshots`` asks ``/version`` once per
-process) get every list in pages, all from the cache:
-
-* the first list at the latest version (``resourceVersion=""``, a consistent read the
-  cache serves once it has caught up; ``resourceVersion=0`` would be answered in one
-  page whatever the ``limit``), a relist "not older than" the last version seen
-  (``resourceVersionMatch=NotOlderThan``), both paginated;
-* when a continue token expires mid-listing, the list starts over from its first page at
-  the latest version (once; should that expire too, one page at the latest version).
-
-Older servers (or a ``/version`` that does not answer, or ``--list-pages=off``) keep
-client-go's reflector rules, which spare etcd at the price of one-page answers:
-
-* The first list asks for ``resourceVersion=0`` ("any"): the watch cache serves it,
-  ignoring ``limit``; if the answer came paginated anyway (the watch cache is off for
-  the type), later lists keep paginating too.
-* A relist asks for the last resourceVersion the informer saw, without ``limit`` ("not
-  older than" that version): the watch cache serves it, and the cache never goes back in
-  time. A ``limit`` would make it an "exact" read, which only etcd serves there.
-* Continue pages carry no resourceVersion (the apiserver refuses one with ``continue``);
-  when a continue token expires mid-listing (its snapshot was compacted away), list once
-  more in a single page at the requested resourceVersion.
-
-On both: when the resourceVersion asked for is unavailable -- expired (410) or too large
-(504 ``ResourceVersionTooLarge``, e.g. after etcd was restored from a backup) -- list
-again at once with ``resourceVersion=""``, paginated. The listing's resourceVersion is
-its last page's.
+Design: docs/design/informers.md
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """What an informer keeps of each object: controller-runtime's cache ``TransformFunc``.
 
-An informer's store holds every object it watches for the life of the process, so what
-it keeps is most of the operator's memory. A transform is applied to each object as it
-arrives (every LIST page, a relist included, and every watch ADDED, MODIFIED and DELETED
-event), before the store or any handler sees it; a BOOKMARK carries only a
-resourceVersion and never enters the store. Handlers and readers therefore only ever see
-transformed objects, whichever path they came by.
+* Applied to every object as it arrives (LIST pages, watch events), before the store or
+  any handler sees it: ``metadata.managedFields`` always goes, then the informer's own.
+* Cached objects share their strings (``intern_strings``): keys and the named fields.
+* Why: the store holds every watched object for the life of the process, so what it
+  keeps is most of the operator's memory.
 
-``metadata.managedFields`` (server-side apply's field ownership, often the largest part
-of an object's metadata) is dropped for every informer: nothing reads it from a cache,
-and a write that omits it keeps the stored one. A transform given to an informer runs
-after that. It receives the freshly decoded dict, which nobody else holds: it may change
-it in place or return a smaller one. It must keep the name, namespace and
-resourceVersion, which the store and the relist diff are keyed on.
-
-Cached objects then share their strings (``intern_strings``): every key of every dict,
-and the values of the fields an informer names (a namespace, an API URL: what repeats
-from object to object). The JSON decoder shares keys only within one document, and a
-watch decodes each event on its own, so without this every cached object carries its own
-copy of every field name, often half its size. (Interned strings are freed with their
-last user: Python 3.10 and later keep them mortal.)
+Design: docs/design/informers.md
 """
 
 from __future__ import annotations

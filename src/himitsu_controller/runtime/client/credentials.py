@@ -1,16 +1,11 @@
-"""Credentials for the apiserver, kept current as they rotate: a token, a token file.
+"""What a request to the apiserver carries, kept current as credentials rotate.
 
-A ``Credentials`` source answers ``current()`` with what a request carries (an
-Authorization header value, and for a credential plugin perhaps a client certificate)
-and hears of a 401 through ``refused()``. The transport asks it once per refresh period
-(``transport.REFRESH_SECONDS``), never per request, so a source may do some work: a
-token file is re-read once a minute, as client-go does (a bound ServiceAccount token is
-rotated by the kubelet long before it expires), and at once after a 401; a credential
-plugin (``execcredential.py``) runs again before its credential expires.
-
-Sources are shared by every client built from one configuration (the operator's main,
-Events and leader-election clients), so they are thread-safe. Nothing here logs a token
-or puts one in an exception.
+* ``Credentials.current()`` is asked once per transport refresh (about a second), never
+  per request; ``refused()`` hears of a 401.
+* ``TokenFile``: the in-cluster ServiceAccount token, re-read once a minute as client-go
+  does (bound tokens rotate) and at once after a 401.
+* Shared by every client of one configuration, so thread-safe. Never a token in a log
+  line or an exception.
 """
 
 from __future__ import annotations
@@ -25,8 +20,8 @@ import structlog
 
 from himitsu_controller.runtime.client.errors import TransportError
 
-__all__ = ["NO_CREDENTIALS", "Auth", "ClientCert", "CredentialError", "Credentials",
-           "StaticCredentials", "TokenFile", "bearer"]
+__all__ = ["NO_CREDENTIALS", "Auth", "CredentialError", "Credentials", "StaticCredentials",
+           "TokenFile", "bearer"]
 
 log = structlog.get_logger(__name__)
 
@@ -35,28 +30,19 @@ TOKEN_FILE_PERIOD = 60.0
 
 
 class CredentialError(TransportError):
-    """The credentials could not be had just now (a plugin failed): the request is not sent."""
-
-
-@dataclass(frozen=True)
-class ClientCert:
-    """A client certificate and its key, PEM, as a credential plugin hands them over."""
-
-    cert_pem: bytes = field(repr=False)
-    key_pem: bytes = field(repr=False)  # never in a log line or a traceback
+    """The credentials could not be had just now: the request is not sent."""
 
 
 @dataclass(frozen=True)
 class Auth:
-    """What a request carries: an Authorization header value, a client certificate."""
+    """What a request carries: an Authorization header value."""
 
     authorization: str | None = field(default=None, repr=False)
-    cert: ClientCert | None = None
 
 
 class Credentials(Protocol):
     def current(self) -> Auth:
-        """The credentials to use now (may run a plugin; CredentialError if it fails)."""
+        """The credentials to use now (CredentialError if there are none to be had)."""
         ...
 
     def refused(self, auth: Auth) -> None:
@@ -65,7 +51,7 @@ class Credentials(Protocol):
 
 
 class StaticCredentials:
-    """The same credentials for good (a kubeconfig's token, or none)."""
+    """The same credentials for good (a bearer token, or none)."""
 
     def __init__(self, auth: Auth) -> None:
         self._auth = auth
@@ -84,11 +70,6 @@ def bearer(token: str) -> StaticCredentials:
     return StaticCredentials(Auth(f"Bearer {token}"))
 
 
-def has_control_character(text: str) -> bool:
-    """Whether ``text`` holds a character no HTTP header value may (a line break...)."""
-    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
-
-
 def read_token(path: str) -> str:
     """The token in ``path`` (surrounding whitespace stripped); OSError or ValueError
     (naming the path only) if there is none or it holds a control character."""
@@ -96,7 +77,7 @@ def read_token(path: str) -> str:
         token = file.read().strip()
     if not token:
         raise ValueError(f"token file {path} is empty")
-    if has_control_character(token):
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
         raise ValueError(f"token file {path} contains a control character")
     return token
 

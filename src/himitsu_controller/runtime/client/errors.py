@@ -1,25 +1,11 @@
 """The two ways a request to the apiserver fails, as the rest of the runtime sees them.
 
-Why not the client's ``ApiException``: its ``str()`` embeds the whole response body and
-headers, and a body can echo what we sent (Secret data); callers also need the Status
-``reason`` ("NotFound", "Conflict", "Expired") that client-go's apierrors exposes, not an
-HTTP reason phrase. ``ApiError`` carries the Status fields only; ``TransportError`` means
-no HTTP status came back at all (connect/read failure, reset, timeout); ``WriteRefused``,
-a kind of it, that a write was never sent because this replica may not write now.
+* ``ApiError``: the Status fields (code, reason, message), never the body or headers;
+  ``TransportError``: no status came back; ``WriteRefused``: never sent (not leading).
+* ``ApiError.message`` is redacted when the error is made (``redact_values``): a denial
+  keeps only who denied, and no quoted value of the object survives.
 
-Even the Status message may quote what was refused: validation writes ``data[k]: Invalid
-value: "<the value>"``, and an admission webhook's or a ValidatingAdmissionPolicy's denial
-is free text that can quote anything (a CEL ``messageExpression`` can even print the
-object's data). So ``ApiError.message`` is redacted once, when the error is made
-(``redact_values``): a denial by admission keeps only who denied (``admission webhook "x"
-denied the request``, ``ValidatingAdmissionPolicy 'p' with binding 'b' denied request``),
-never its text; a 400/403/422 that is not in one of the apiserver's own shapes (``Secret
-"x" is invalid: ...``, ``secrets "x" is forbidden: User ...``) keeps nothing of its text;
-and in what is kept every quoted string (double, single, backtick, curly quotes) is
-replaced unless it names something (a resource and its object name, a user, a namespace,
-a webhook, a policy) or lists the values a field supports. The status, the reason, the
-field paths and the apiserver's explanation stay; a value of the object never does.
-Those who know the values they sent (the write path) also redact them by content.
+Design: docs/design/apiserver-client.md
 """
 
 from __future__ import annotations

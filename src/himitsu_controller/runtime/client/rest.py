@@ -1,29 +1,13 @@
-"""Raw JSON over our own HTTP transport (``httpclient.py``, ``transport.py``).
+"""Raw JSON to the apiserver over our own HTTP transport, with client-go's client-side rules.
 
-Why not the official ``kubernetes`` client: its generated API classes are, in 37.x,
-pydantic models, several times slower to build and larger to keep than the JSON dicts the
-apiserver sends, and a controller that caches every object it watches pays that on every
-event; importing the package alone costs ~16 MiB. All the operator needs is JSON over
-one urllib3 pool with the cluster's TLS settings and credentials, so that is what it
-has: ``kubeconfig.py`` loads the configuration, ``httpclient.py`` holds the pool,
-``transport.py`` sends requests with headers and credentials rebuilt once a second
-instead of per request (bench/rest_cost.py measures the request path).
+* Why not the ``kubernetes`` client: its generated models are slower and larger than the
+  JSON dicts, and importing it costs ~16 MiB; the operator needs JSON over one pool.
+* client-go's token bucket (QPS/burst) and Retry-After on 429; watches exempt.
+* With leader election every write asks the write gate right before it leaves, is sent
+  once and is over (aborted, ``httpdeadline``) by the time the gate gave it.
+* Errors, configuration, pool and watch stream are siblings re-exported here.
 
-Why our own rate limiter and 429 handling: client-go limits every client to a token
-bucket (QPS/burst) so a controller cannot flood the apiserver after a restart, and honours
-Retry-After on 429. The Python client does neither. Watches are long-lived and exempt,
-as in client-go.
-
-Why a write gate: with leader election, the reconcilers' client asks ``write_gate``
-(``writegate.WriteGate.admit``) immediately before every write leaves, after the rate
-limiter's wait and any Retry-After sleep, and refuses (``WriteRefused``) once the
-replica can no longer vouch that it holds the Lease. Such a write is sent once (no
-urllib3 retry re-sends it later, behind a proxy too) and is over by the time the gate
-gave it: an overall deadline (``deadline.py``) aborts it then, however its connection
-hangs, so it cannot reach the apiserver after a standby may have taken the Lease.
-
-The errors, the configuration loader, the client and the watch stream live in sibling
-modules and are re-exported here: callers need only ``runtime.rest``.
+Design: docs/design/apiserver-client.md
 """
 
 from __future__ import annotations
@@ -36,24 +20,24 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import structlog
 import urllib3
 
-from himitsu_controller.runtime.client.credentials import bearer
-from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
-from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
-from himitsu_controller.runtime.client.kubeconfig import (
+from himitsu_controller.runtime.client.config import (
     ConfigError,
     load_api_client,
     load_client_config,
     new_api_client,
 )
+from himitsu_controller.runtime.client.credentials import bearer
+from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
+from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
 from himitsu_controller.runtime.client.transport import REFRESH_SECONDS, LeanTransport, encode_body
 from himitsu_controller.runtime.client.watchstream import WatchStream
-from himitsu_controller.runtime.leader.writegate import WriteGate
+from himitsu_controller.runtime.workqueue import BucketRateLimiter
 
 __all__ = [
     "APPLY_PATCH",
@@ -85,6 +69,14 @@ APPLY_PATCH = "application/apply-patch+yaml"
 _VERB_BY_METHOD = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
                    "DELETE": "delete"}
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class WriteGate(Protocol):
+    """What the client asks before each write (``runtime.leader.writegate.WriteGate``)."""
+
+    def admit(self) -> float | None: ...
+
+    def done(self, *, answered: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -120,33 +112,18 @@ class Resource:
         return path
 
 
-class TokenBucket:
-    """client-go's QPS/burst limiter (reservation semantics, like golang.org/x/time/rate).
-
-    A caller takes a token, possibly going into debt, then sleeps for the debt outside the
-    lock: callers are served in arrival order and nobody spins.
-    """
+class TokenBucket(BucketRateLimiter):
+    """client-go's QPS/burst limiter: the work queue's bucket (reservation semantics), the
+    caller sleeping for its debt outside the lock, so callers are served in arrival order."""
 
     def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        if qps <= 0 or burst < 1:
-            raise ValueError("qps must be > 0 and burst >= 1")
-        self._qps = qps
-        self._burst = float(burst)
-        self._tokens = float(burst)
-        self._clock = clock
+        super().__init__(qps, burst, clock=clock)
         self._sleep = sleep
-        self._last = clock()
-        self._lock = threading.Lock()
 
     def reserve(self) -> float:
         """Take a token; return how long the caller must wait before using it."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self._burst, self._tokens + (now - self._last) * self._qps)
-            self._last = now
-            self._tokens -= 1.0
-            return max(0.0, -self._tokens / self._qps)
+        return self.when("")
 
     def accept(self) -> None:
         delay = self.reserve()

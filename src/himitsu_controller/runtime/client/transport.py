@@ -1,20 +1,11 @@
 """The request path to the apiserver: one urllib3 pool, headers built once a second.
 
-Per request nothing is prepared that does not change between two requests: the headers
-(Accept, User-Agent and the credentials) and the pool are built once per refresh period
-(a ``Route``), so a rotating ServiceAccount token, a re-read token file or a credential
-plugin's new token arrive at most ``refresh_every`` seconds late, never cached for
-longer; a 401 tells the credentials (``Credentials.refused``) and drops the route at
-once. The pool is the ``HttpClient``'s (``httpclient.py``): TLS settings, pool size and
-Retry policy are its; ``HttpClient.close()`` closes it and the next request opens a new
-one. Behind a proxy the route has no pool but the client's ProxyManager.
+* Headers (credentials included) and the pool are built once per refresh period (a
+  ``Route``); a 401 tells the credentials and drops the route at once.
+* A request may run under an overall deadline (``httpdeadline``) and be sent ``once``.
+* Failures without an answer are ``TransportError``s naming the cause, never a credential.
 
-Requests go out with ``urlopen`` and the client's Retry policy, the body serialised once
-by the caller. A request may carry an overall deadline (``deadline=True``: its timeout
-bounds the whole request, see ``deadline.py``), and may be sent ``once`` (no urllib3
-retry: a write the write gate let through). A watch (``open``) keeps its response
-streaming. Errors without an answer are ``TransportError``s naming the cause (a TLS
-verification failure says so), never a credential.
+Design: docs/design/apiserver-client.md
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ from typing import Any
 import structlog
 import urllib3
 
-from himitsu_controller.runtime.client import deadline as deadlines
+from himitsu_controller import httpdeadline
 from himitsu_controller.runtime.client.credentials import Auth
 from himitsu_controller.runtime.client.errors import TransportError, describe_exception
 from himitsu_controller.runtime.client.httpclient import HttpClient
@@ -121,21 +112,19 @@ class LeanTransport:
 
     def _build(self, now: float) -> Route:
         client = self._client
-        auth = client.credentials.current()  # may run a plugin; CredentialError
+        auth = client.credentials.current()  # may run a kubeconfig plugin; CredentialError
         headers: dict[str, str] = {"Accept": JSON}
         if self._user_agent is not None:
             headers["User-Agent"] = self._user_agent
         if auth.authorization is not None:
             headers["Authorization"] = auth.authorization
-        pool, manager = client.connection(auth.cert)
-        if pool is not None:
-            deadlines.track(pool)
+        pool, manager = client.connection()
         return Route(pool, client.prefix, manager, client.origin, headers, client.retries,
                      auth, now + self._refresh_every)
 
     def _timeout(self, seconds: float, deadline: bool) -> urllib3.Timeout:
         if deadline:  # a remainder: not kept
-            # The watchdog (runtime/client/deadline.py) enforces ``seconds`` with a reset; the
+            # The watchdog (httpdeadline.py) enforces ``seconds`` with a reset; the
             # socket timeout is a second later so that it never wins the race: a socket
             # timeout closes the connection gracefully, and a graceful close lets bytes
             # still queued (a write held by a hung network) arrive after the deadline.
@@ -166,7 +155,7 @@ class LeanTransport:
                                     once=once)
         if not deadline:
             return self._answer(self._send(route, urlopen, method, path))
-        with deadlines.within(timeout) as bound:
+        with httpdeadline.within(timeout) as bound:
             try:
                 return self._answer(self._send(route, urlopen, method, path))
             except TransportError:
@@ -233,7 +222,6 @@ class LeanTransport:
         if route.pool is None:
             assert route.manager is not None
             full = route.origin + url
-            deadlines.track(route.manager.connection_from_url(full))
             return route.manager.urlopen(method, full, body=body, headers=dict(headers),
                                          retries=retries, redirect=False, timeout=timeout,
                                          preload_content=preload)

@@ -1,15 +1,9 @@
 """One watch request's events, read line by line from the raw HTTP response.
 
-Why our own reader instead of ``kubernetes.watch.Watch``: that class deserialises every
-object into generated models, builds a global default ApiClient, never yields ERROR
-events (it raises or silently retries a 410 once) and hides read timeouts and resets.
-A reflector needs the raw events, every ERROR Status, and to tell a clean end of stream
-(rewatch) from a broken connection (TransportError) -- and to be stopped from another
-thread.
+* Every ERROR Status is an event; a clean end of stream is told from a broken one.
+* ``close()`` shuts the socket down, so a thread blocked in ``recv`` wakes at once.
 
-Why ``close()`` shuts the socket down: a thread blocked in ``recv`` is not woken by
-closing the Python file object; ``shutdown(SHUT_RD)`` makes the read return at once, so
-stopping a controller never waits for the watch's read timeout.
+Design: docs/design/apiserver-client.md
 """
 
 from __future__ import annotations

@@ -1,41 +1,14 @@
 """client-go's Lease-based leader election, with a release on shutdown.
 
-Why our own: the client's ``kubernetes.leaderelection`` (37.x) sleeps in an acquire loop
-that cannot be interrupted, never releases the Lease on shutdown (a standby then waits a
-full lease duration), times leases by the wall clock and talks through the global
-default ApiClient.
+* Acquire a Lease that is absent, released, ours, or unchanged for its duration by our
+  own monotonic clock (never the remote renewTime); every write carries the Lease's
+  resourceVersion, so of two racing candidates one gets 409.
+* Renew every retry period within one renew deadline (each request gets what is left);
+  open the write gate after each success, close it on a loss or a release.
+* On stop, release the Lease once no admitted write is in flight or unanswered.
+* Use a RestClient of its own, without hidden retries.
 
-The algorithm is client-go's (tools/leaderelection):
-
-* A candidate acquires when there is no Lease (create), when the Lease names no holder
-  (released), when it already holds it, or when the Lease's record has not changed for
-  its leaseDurationSeconds *as measured by our own monotonic clock from when we first
-  saw that record*. The remote renewTime is never compared with our clock, so clock
-  skew between replicas cannot cause two leaders.
-* Every write is an update carrying the Lease's resourceVersion: of two candidates racing
-  for an expired Lease, one gets 409 Conflict and stays a follower.
-* The leader renews every retry_period; if it cannot renew within renew_deadline (shorter
-  than the lease duration, so it stops before anyone may take over) it gives up. The
-  deadline is one deadline: every request of an attempt (up to three: the optimistic
-  update, then a read and an update) gets only what is left of it, and none is sent once
-  it has passed. It runs from when the last successful renewal was *sent*.
-* The write gate (``writegate.WriteGate``) is open until ``sent + renew_deadline`` after
-  each successful acquire or renewal, and closed at once on a loss or a release: the
-  reconcilers' writes stop before a standby may take the Lease even when this thread is
-  stuck.
-  A write the gate admits must be over half-way between the gate closing and the
-  earliest takeover (the watchdog of ``deadline.py`` aborts it then).
-* On a requested stop the leader releases the Lease (no holder, leaseDurationSeconds 1,
-  transitions kept), so a standby takes over on its next retry; but only once no write
-  the gate admitted is in flight and none went unanswered within a lease duration:
-  otherwise it lets the Lease expire, which gives such a write that long to land.
-* The Lease stores whole seconds (leaseDurationSeconds): a lease duration that is not
-  a whole number of seconds is refused, not truncated under the gate's feet.
-
-Use a RestClient of its own (not the one the controllers share), so renewals never queue
-behind a burst of ordinary requests in the client-side rate limiter, and one with no
-hidden retries (``retries=0`` for its HttpClient, ``max_retries=0``: no 429 sleeps), or a
-retry would get the whole timeout again.
+Design: docs/design/leader-election.md
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Until when this replica may write: the leader's own, conservative view of its Lease.
 
-Why a gate of its own: a leader learns that it lost its Lease only from the apiserver,
-and a leader whose connections hang learns nothing. Meanwhile a standby takes the Lease
-one lease duration after it last saw the record change, by its own clock, and starts
-writing. Stopping the workers when the elector gives up is not enough: reconciles in
-flight (a Himitsu answer may take 30 s) would still write next to the new leader. So
-every write request of the reconcilers' client (and of the Event recorder's) asks this
-gate first, immediately before it is sent, and the gate answers from a clock, not from
-the network:
+* Every write of the reconcilers' and the Event recorder's clients asks ``admit`` right
+  before it is sent; the gate answers from a clock, not from the network.
+* The elector opens it until ``sent + renew_deadline`` after each success and closes it
+  at once on a loss or a release; an admitted write is told how long it may take.
+* It counts writes in flight (``done``) so a release can wait for them (``settle``).
 
-* the elector opens it, after each successful acquire or renewal, until
-  ``sent + renew_deadline``, where ``sent`` is when that write was *sent*. The apiserver
-  stored the record no sooner, so no standby saw it change sooner, so none may take the
-  Lease before ``sent + lease_duration`` (client-go's rule, measured on the standby's
-  own clock). The gate closes ``lease_duration - renew_deadline`` (5 s by default)
-  before that: the margin for a write's way to the apiserver and for clocks that run at
-  slightly different rates (not for skew in wall time, which no one compares);
-* it closes at once when the elector gives up, finds another holder, or releases.
-
-A write the gate lets through (``admit``) is told how long it may take in all: until
-``sent + renew_deadline + (lease_duration - renew_deadline) / 2`` (``open_until``'s
-``writes_end``), half the margin left for a write's last bytes on the wire and for the
-watchdog (``deadline.py``) that aborts it then. The gate counts the writes in flight
-(``done`` when each is over), so a leader that releases its Lease on shutdown can first
-wait for them (``settle``): a release is a standby's signal to take over at once.
-
-Standbys never open it; without leader election there is no gate at all.
+Design: docs/design/leader-election.md
 """
 
 from __future__ import annotations

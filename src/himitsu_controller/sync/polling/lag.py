@@ -1,19 +1,11 @@
 """How far targets are behind their promise: the ``himitsu_poll_lag_seconds`` and
 ``himitsu_polls_overdue`` gauges, computed when scraped.
 
-Every HimitsuSecret in the informer's cache counts, not only those this process has
-polled. The reconciler's memory is empty after a restart or a failover until a poll
-succeeds, and a poll that is already due may be held back (request pacing, Himitsu
-failing, a backlog in the queue) or never come at all: exactly the targets the gauges
-are for. So an object this process holds an answer for counts from that answer (to the
-millisecond, and as fresh as our own status patch), and any other from its
-status.lastSyncTime (to the second, as the informer last saw it): what the target
-holds, whoever wrote it. The objects are the cache's own (no copy); an object with no
-answer yet, or refreshInterval 0, does not lag. Every replica computes the same from its
-cache, a standby included (it shows a wedged leader's targets falling behind):
-aggregate with max, not sum. Reading the statuses, rather than seeding memory for every
-key the cache holds, keeps the scrape a pure read: no memory is made for objects this
-process may never reconcile (a standby's), nor kept for ones the cache dropped.
+* Every HimitsuSecret in the informer's cache counts, from the answer this process holds
+  or else from its status.lastSyncTime: a target nobody polls any more still shows.
+* A pure read of the cache (no memory made); every replica computes the same: max, not sum.
+
+Design: docs/design/polls.md
 """
 
 from __future__ import annotations
@@ -36,9 +28,9 @@ def first_sight(mem: Memory, *, last_sync_time: str | None, interval: float,
     last = api.parse_time(last_sync_time)
     if mem.answered is not None or interval <= 0 or last is None:
         return
-    mem.answered, mem.interval = last.timestamp(), interval
-    if mem.due is None and in_step:
-        mem.due = mem.answered + interval
+    answered = last.timestamp()
+    mem.scheduled(answered=answered, interval=interval,
+                  due=answered + interval if mem.due is None and in_step else mem.due)
 
 
 def worst(

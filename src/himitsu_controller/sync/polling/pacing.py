@@ -1,29 +1,14 @@
 """Pacing: every request to Himitsu takes a place in line that keeps its key's and its
 API URL's budget in any 60 s window, retries included, and yields to other clients.
 
-Why a log and not a token bucket: Himitsu counts in fixed 60 s windows, each opened by
-the key's first request after the previous one expired, so a client cannot know where
-a window lies. A bucket admits its burst plus a minute of refill into one window (100/min
-with a burst of 20 was exactly the limit of 120). A log of the moments of our requests,
-where any ``budget + 1`` consecutive ones span at least ``WINDOW`` seconds, holds for
-every window position: at most ``budget`` requests in any window, wherever it starts.
+* One limiter per key and per API URL: GCRA with reservations (a burst of a tenth of the
+  budget, then an even pace whose window is Himitsu's plus ``LATE``), so each waiter is
+  told its own moment and a late caller still keeps the budget.
+* The server-header clamp: ``RateLimit-Remaining``/``-Reset`` of every answer cap our
+  requests until the server's window ends (another client may share the key).
+* A 429 is not pacing: the shared poller holds the source for its Retry-After.
 
-Why reservations: a request that does not fit is given its own place in line (a moment
-in the log, like golang.org/x/time/rate's Reserve) and the caller comes back then,
-instead of every waiter being told the same moment and all but one being turned away
-again (N contending sources cost about N^2/2 reconcile attempts). A place is kept until
-``LATE`` seconds past its moment (a requeue comes back a little late); the log's window
-is longer than Himitsu's by that much, so a late send still keeps the budget.
-
-Why the server's headers: another client using the same key spends the same 120, and
-``RateLimit-Remaining`` / ``RateLimit-Reset`` (on every answer) are the only way to see
-it. After an answer, our requests until the server's window ends may not exceed what it
-said remains (less a small reserve for the other client's requests in flight); the
-rest wait for the next window. Budgets short of demand therefore stretch every source's
-polls evenly (first come, first served) rather than failing some of them.
-
-Himitsu's own 429 is not pacing: the shared poller holds the source for its Retry-After
-and the reconciler reports it (its headers also close this key until the window ends).
+Design: docs/design/pacing.md
 """
 
 from __future__ import annotations
@@ -60,60 +45,45 @@ class LocallyRateLimited(himitsu.RateLimited):
 
 
 class _Log:
-    """Moments of the requests sent or reserved for one key, sorted: any ``budget + 1``
-    consecutive ones span at least ``window`` seconds, and they keep an even pace."""
+    """One budget: GCRA in its reservation form (``tat``, the theoretical arrival time of
+    the next request), and the moments placed within the window, for the server's count.
+
+    Any ``burst`` requests may go at once, then one per ``spacing``: a burst plus a
+    window's refill is the budget, so no window holds more.
+    """
 
     def __init__(self, budget: int, window: float) -> None:
         self.budget, self.window = budget, window
-        self.times: list[float] = []
-        # The even pace (GCRA, a token bucket in its reservation form): a burst of
-        # BURST_FRACTION of the budget, then one request per `spacing`, chosen so that
-        # burst plus a window's refill is the budget. On its own that keeps the window;
-        # the log stays the guarantee, and it is what the server's count is checked on.
         burst = max(1, round(budget * BURST_FRACTION))
         self.spacing = window / (budget - burst + 1)
         self.tolerance = (burst - 1) * self.spacing
-        self.tat = -math.inf  # the theoretical arrival time of the next request
+        self.tat = -math.inf
+        self.times: list[float] = []
 
     def prune(self, now: float) -> None:
         del self.times[:bisect.bisect_left(self.times, now - self.window)]
 
-    def _conflict(self, t: float) -> float | None:
-        """None when a request at ``t`` fits; else a moment > t before which none does
-        (each run of ``budget + 1`` it would crowd must lose its oldest member, or ``t``
-        must move past the run's newest)."""
-        times, budget, n = self.times, self.budget, len(self.times)
-        if n < budget:
-            return None
-        p = bisect.bisect_right(times, t)  # t's index once inserted
-        later: float | None = None  # the latest such moment of all the runs it crowds
-        for i in range(max(0, p - budget), min(p, n - budget) + 1):
-            # The run from position i to i + budget once t is in: t is one of them.
-            first = times[i] if i < p else t
-            last = times[i + budget - 1] if i + budget > p else t
-            if first + self.window > last:
-                bound = first + self.window if i + budget == p else last
-                later = bound if later is None else max(later, bound)
-        return later
-
     def earliest(self, t: float) -> float:
-        """The first moment >= t that fits the even pace and the window."""
-        t = max(t, self.tat - self.tolerance)
-        while (later := self._conflict(t)) is not None:  # nothing fits before `later`
-            t = later
-        return t
+        """The first moment >= t the pace allows."""
+        return max(t, self.tat - self.tolerance)
 
     def count(self, start: float, end: float) -> int:
         return bisect.bisect_left(self.times, end) - bisect.bisect_left(self.times, start)
 
-    def add(self, t: float) -> None:
+    def add(self, t: float) -> float:
+        """Place a request at ``t``; the ``tat`` before it (to undo the place)."""
+        before = self.tat
         bisect.insort(self.times, t)
-        self.tat = max(self.tat, t) + self.spacing
+        self.tat = max(before, t) + self.spacing
+        return before
 
-    def remove(self, t: float) -> None:
+    def remove(self, t: float, before: float) -> None:
+        """A place never used: out of the count, and out of the pace if it was the last."""
         i = bisect.bisect_left(self.times, t)
         if i < len(self.times) and self.times[i] == t:
             del self.times[i]
+        if self.tat == max(before, t) + self.spacing:
+            self.tat = before
 
 
 @dataclass(frozen=True)
@@ -121,6 +91,7 @@ class _Place:
     at: float
     api_url: str
     key: str
+    before: tuple[float, float]  # the key's and the API URL's pace before it
 
 
 @dataclass
@@ -173,11 +144,10 @@ class Pacer:
                     return 0.0
                 self._drop(held)  # the server's count left no room: a new place
             at = self._earliest(api_url, key, now)
-            self._log("token", key).add(at)
-            self._log("api", api_url).add(at)
+            before = (self._log("token", key).add(at), self._log("api", api_url).add(at))
             if at <= now:
                 return 0.0
-            self._places[ticket] = _Place(at, api_url, key)
+            self._places[ticket] = _Place(at, api_url, key, before)
             heapq.heappush(self._expiries, (at + self.late, ticket))
             return at - now
 
@@ -270,8 +240,8 @@ class Pacer:
         return log
 
     def _drop(self, place: _Place) -> None:
-        self._log("token", place.key).remove(place.at)
-        self._log("api", place.api_url).remove(place.at)
+        self._log("token", place.key).remove(place.at, place.before[0])
+        self._log("api", place.api_url).remove(place.at, place.before[1])
 
     def _prune(self, now: float) -> None:
         while self._expiries and self._expiries[0][0] < now:

@@ -1,38 +1,13 @@
 """Shared polls: one conditional request per source per refresh window, however many read it.
 
-Himitsu allows 120 requests a minute per API key, 304s included. A hundred
-HimitsuSecrets that read one environment with one token would spend that budget alone
-at a 1m refresh. So every request goes through a ``SharedPoller`` keyed by the *source*
-(API URL, project, environment, sha256 of the token): whoever holds the token may see
-what it reads, so sharing across HimitsuSecrets (and namespaces) with the same token
-leaks nothing, and different tokens never share.
+* A source is (API URL, project, environment, sha256 of the token): sharing across
+  HimitsuSecrets with the same token leaks nothing; different tokens never share.
+* Answers younger than a caller's ``max_age`` come from the cache; else one request
+  (single flight), conditional on the version held, so a repair is usually a 304.
+* Secrets are held once per source, as the answer's bytes, until the last reader is
+  released; requests are paced below Himitsu's limits (``pacing``).
 
-For each source the poller keeps the last answer and the secrets it saw. A caller that
-accepts an answer up to ``max_age`` seconds old is served from that cache; otherwise one
-request is made (concurrent callers wait for it: single flight), conditional on the
-version the poller holds secrets for, else on the caller's own (the version its target
-holds). So a HimitsuSecret that needs a full fetch (its target was deleted) is usually
-served by a 304 plus the cached secrets, and after a restart, with nothing cached, a
-target in sync is confirmed by a 304 too: no secret material on the wire in either case.
-
-A source's secrets are held once, however many read them, and as one bytes string (the
-JSON text of the answer, ~a third of the dict it decodes to): decoded again only for a
-reader that needs them whole (a first sync, a repair, a change), never for a 304.
-
-Memory follows live objects: each caller names itself (``reader``), and a source's
-entry, secrets included, is dropped when its last reader is ``release``d (the reconciler
-does it when a HimitsuSecret is gone), never while a request for it is in flight.
-Entries fetched without a reader are dropped once idle for an hour. A HimitsuSecret
-with refreshInterval 0 stays a reader for its whole life, on purpose: the memory is what
-rebuilds its target, deleted while Himitsu fails, without a request (``remembered``).
-
-An answer's age counts from the moment its request was sent: Himitsu's data is at least
-that recent, and a caller that joined a flight sent before it arrived sees an age above
-zero (the reconciler revalidates a first sync or a repair that took such an answer).
-
-Requests are also paced below Himitsu's limits (``sync.pacing``): a request that does not
-fit is not sent; the caller gets a ``LocallyRateLimited`` naming the source's own place
-in line, which the reconciler turns into a quiet requeue until then, not a failure.
+Design: docs/design/polls.md
 """
 
 from __future__ import annotations

@@ -1,39 +1,22 @@
 """Render a Himitsu environment into the ``data`` of a Kubernetes Secret.
 
-Why a module of its own, and why pure functions: rendering decides what bytes land in
-the Secret, so it must be deterministic (an unchanged environment must produce
-byte-identical data, or every poll would churn the Secret's resourceVersion) and it must
-fail *before* anything is written when the input cannot be represented faithfully. The
-contract prefers a loud ``Ready=False`` over a Secret that is quietly missing entries or
-reads back differently. Keeping it free of I/O lets the tests prove those properties
-exhaustively (hypothesis round trips) instead of by example.
+* Pure and deterministic: an unchanged environment renders byte-identical data, and
+  input that cannot be represented faithfully fails before anything is written.
+* Formats: ``KeyValue`` (one entry per key), ``Dotenv`` (python-dotenv's escapes in
+  double quotes), ``Json`` (sorted, indented).
+* Error messages name keys, never a value: they reach status conditions and Events.
 
-Formats:
-
-* ``KeyValue``: one data entry per Himitsu key (what ``envFrom`` consumes). Kubernetes
-  only accepts ``[A-Za-z0-9._-]`` data keys, so anything else is refused.
-* ``Dotenv``: one data key holding ``KEY="value"`` lines, sorted by key. Escaping is the
-  minimal set python-dotenv (1.x) decodes inside double quotes: backslash, double
-  quote, newline and carriage return. Newlines and carriage returns are escaped rather
-  than written raw because a file read in text mode (the usual ``dotenv_values(path)``)
-  translates a raw ``\\r`` into ``\\n``. Everything else (tabs, ``$``, ``#``, ``'``,
-  unicode) is written as is: more dotenv parsers agree on a literal character than on
-  an escape sequence. ``$`` cannot be protected from python-dotenv's ``${VAR}``
-  expansion (it has no escape for it), so consumers must read with
-  ``interpolate=False``.
-* ``Json``: one data key holding a sorted, indented JSON object (see ``_render_json``).
-
-Error messages name keys (quoted with ``repr`` escaping, truncated) and never a value:
-they end up in status conditions and Events.
+Design: docs/design/targets.md
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
+
+from himitsu_controller.api import data_hash
 
 __all__ = [
     "FORMATS",
@@ -127,19 +110,6 @@ def render(fmt: str, secrets: Mapping[str, str], *, key: str | None = None) -> d
             "Kubernetes Secret limit; move some secrets out of this Himitsu environment"
         )
     return {k: base64.b64encode(v).decode("ascii") for k, v in sorted(raw.items())}
-
-
-def data_hash(data: Mapping[str, str]) -> str:
-    """A stable sha256 hex digest of Secret ``data`` (base64 values, as stored).
-
-    The digest is over the JSON text (ASCII, compact) of the list of ``[key, value]``
-    pairs sorted by key: unambiguous for any strings and independent of mapping order.
-    The encoding is part of the contract (hashes may be recorded on objects), so a
-    known-answer test pins it.
-    """
-    pairs = sorted(data.items())
-    canonical = json.dumps(pairs, ensure_ascii=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def data_size(data: Mapping[str, str]) -> int:

@@ -1,18 +1,13 @@
 """What the target Secret should look like, and whether the one we have can be trusted.
 
-Pure functions over raw Secret dicts, kept apart from the reconcile flow so the rules
-that protect users' data (who owns a Secret, which keys are ours, when a conditional
-request is safe) can be read and tested on their own.
+* Pure functions over raw Secret dicts (informer summaries and whole Secrets alike; only
+  a write is built on a whole Secret): who owns a Secret, which keys are ours, when a
+  conditional request is safe.
+* Ownership is recorded on the Secret itself (``himitsu.io/owned-by``, ``owner-uid``):
+  Merge targets carry no ownerReference. A Merge into a Secret the operator did not
+  create needs its consent (``himitsu.io/allow-merge-by``).
 
-A Secret read from the informer is its summary (``sync.summary``: digests, no values):
-every check here reads summaries and whole Secrets alike; only a write is built on a
-whole Secret (``desired_secret`` refuses a summary).
-
-Ownership is recorded on the Secret itself (``himitsu.io/owned-by`` and ``owner-uid``),
-not only in an ownerReference, because Merge targets carry no ownerReference and the
-operator must still tell its keys from everyone else's after a restart (``target.stamps``).
-A Merge into a Secret the operator did not create for this HimitsuSecret needs the
-Secret's consent (``himitsu.io/allow-merge-by``), as a restart needs the workload's.
+Design: docs/design/targets.md
 """
 
 from __future__ import annotations

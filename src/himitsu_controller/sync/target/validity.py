@@ -1,25 +1,12 @@
 """What the apiserver would refuse in a target Secret, checked before anything is written.
 
-The apiserver validates a Secret against its type (``ValidateSecret``: a
-``kubernetes.io/tls`` Secret needs ``tls.crt`` and ``tls.key``, and so on) and against
-two size limits: 1 MiB for the values of ``data`` together, 256 KiB for all annotations
-together (keys and values). Its refusal is a raw 422 that says nothing of where the keys
-come from; worse, for a type change it would come after the old Secret was deleted.
-Checking here turns each of them into ``InvalidSpec`` naming the key or the sizes (never
-a value) while the target is still untouched. The rules were checked against
-kube-apiserver 1.36 on the local control plane; the reconcile still dry-runs a
-replacement on the apiserver itself (admission webhooks have rules of their own).
+* The type's required keys (``ValidateSecret``) and the size limits (1 MiB of data, 256
+  KiB of annotations): ``InvalidSpec`` naming the key or the sizes, never a value, while
+  the target is still untouched.
+* A ``kubernetes.io/service-account-token`` Secret is never created.
+* Where Python cannot judge as Go does, the apiserver decides.
 
-A Secret of type ``kubernetes.io/service-account-token`` is never created (nor a target
-replaced by one): Kubernetes' token controller writes such Secrets (the token,
-``ca.crt``, ``namespace``) and deletes them with their ServiceAccount, so the operator
-could only fight it. Merging keys into an existing one is still allowed, as it always was.
-
-Where Python cannot judge exactly as Go does (JSON: Go takes invalid UTF-8 in a string and
-nests 10,000 deep; Python refuses the first and overflows its stack long before the
-second), the check lets it through and the apiserver decides: a 422 for a plain write, a
-refused dry run (the Secret kept) for a replacement. Locally stricter than the apiserver
-would refuse a Secret it takes.
+Design: docs/design/targets.md
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """Writing the target: create, update, or replace it, and never lose a working Secret.
 
-A Secret's type is immutable, so an Owner target whose ``target.type`` changed has to be
-deleted and created again. Deleting first and learning afterwards that the create is
-refused (``kubernetes.io/tls`` while the data holds ``TLS_CRT``) would leave the
-application without its Secret, and every retry would fail the same way. So the
-replacement is proven first: locally against the type's required keys and the size
-limits (``validity``), then by the apiserver itself with a dry-run create, which runs
-validation and every admission plugin and webhook but stores nothing. Only then is the
-old Secret deleted (with a uid precondition) and the new one created; should that create
-still be refused (a webhook that judges a dry run differently), the old Secret is created
-again as it was. The replacement keeps the old one's labels, annotations, other owners
-and ``immutable``: only the type and the data change. Every other write is checked
-locally the same way, so a refusal is ``InvalidSpec`` naming the key, not a raw 422.
+* A type change (immutable in Kubernetes) replaces an Owner target only once proven:
+  locally (``validity``) and by a dry-run create; the old Secret comes back if the real
+  create is refused. Labels, annotations, owners and ``immutable`` carry over.
+* A target being deleted is never written; a refusal never quotes a value (``scrub``).
+* A write is built on the whole Secret read at that moment; another resourceVersion
+  than the summary's writes nothing and retries.
 
-A target being deleted (a ``deletionTimestamp``: its finalizers hold it) is never written,
-dry-run or deleted again: the write is refused until it is gone, then it is created.
-A refusal's message never holds a value we sent (``scrub``).
-
-The target the reconcile decided on may be the informer's summary (``sync.summary``: no
-values). A write is built on the whole Secret, read directly at that moment: one GET per
-write, none per poll that writes nothing. Should that read show another resourceVersion
-than the summary (someone wrote since, or the cache lags), nothing is written: the
-reconcile is retried on what the read showed.
+Design: docs/design/targets.md
 """
 
 from __future__ import annotations

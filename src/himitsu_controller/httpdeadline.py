@@ -1,32 +1,13 @@
-"""An overall deadline for one HTTP request: a watchdog that aborts its connection.
+"""One overall deadline for an HTTP request, for every client: the apiserver's and Himitsu's.
 
-Why: urllib3's timeouts bound each socket operation, not the request. A connection that
-hangs after the request was written, an apiserver (or proxy) that trickles its answer a
-byte at a time, a send blocked on a full buffer: each keeps a request going long past
-its "timeout". For the leader that matters twice: a write the write gate let through
-must be over before a standby may take the Lease, and an elector's request must end
-within the renew deadline. So such a request runs under a ``Deadline``; when it passes,
-one watchdog thread aborts every connection the request used:
+* urllib3's timeouts bound each socket operation, never a whole request: a peer that
+  trickles its answer, a hung connection, a send on a full buffer outlive any "timeout".
+* ``within(seconds)`` runs the block's requests under one ``Deadline``; when it passes, one
+  watchdog thread resets every connection they use (a late connect sends nothing).
+* Requests join through connection pools of ``POOL_CLASSES`` (urllib3 2.x). A leaf
+  module: it imports nothing of the package, so every layer may use it.
 
-* the connection is reset at once, by the watchdog itself: on Linux ``connect`` with
-  ``AF_UNSPEC`` (the kernel's tcp_disconnect: a reset goes out and whatever our socket
-  buffers still hold is dropped), so bytes not yet acknowledged are never delivered
-  later when the network comes back, and the blocked thread wakes with an error
-  (whatever it was doing: TLS handshake, send, receive). Not waiting for that thread to
-  close the socket matters: a close can be put off while a response object still holds
-  the socket, and meanwhile the kernel would keep retransmitting. Elsewhere:
-  ``SO_LINGER`` 0 and ``shutdown``, and the reset comes with the close. Bytes already
-  acknowledged (by the apiserver, or a proxy in between) are beyond recall;
-* a connection made after the deadline passed is aborted as soon as it is made: the
-  request is never written on it.
-
-* when the process exits (``atexit``), every request still running is aborted the same
-  way: the kernel would otherwise close its socket gracefully and go on retransmitting
-  what it holds, for minutes, on behalf of a process that is gone.
-
-How the watchdog finds the connection: ``track(pool)`` wraps the pool's ``_get_conn``
-(urllib3 2.x; the connection's ``sock`` is the socket, set before the TLS handshake), so
-a request running under a deadline in this thread records each connection it takes.
+Design: docs/design/deadlines.md
 """
 
 from __future__ import annotations
@@ -41,10 +22,14 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Deadline", "DeadlineExceeded", "track", "within"]
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+__all__ = ["POOL_CLASSES", "Deadline", "DeadlineExceeded", "DeadlineHTTPConnectionPool",
+           "DeadlineHTTPSConnectionPool", "within"]
 
 # After firing, connections still being made are looked at again this often.
 _RECHECK = 0.05
@@ -190,43 +175,47 @@ _WATCHDOG = _Watchdog()
 atexit.register(_WATCHDOG.abort_all)
 
 
-def track(pool: Any) -> None:
-    """Let requests on ``pool`` (an urllib3 connection pool) run under a deadline."""
-    if getattr(pool, "_himitsu_tracked", False):
-        return
-    get_conn: Callable[..., Any] = pool._get_conn
+def _current() -> Deadline | None:
+    deadline: Deadline | None = getattr(_local, "deadline", None)
+    return deadline
 
-    def tracked_get_conn(*args: Any, **kwargs: Any) -> Any:
-        conn = get_conn(*args, **kwargs)
-        deadline: Deadline | None = getattr(_local, "deadline", None)
+
+class _DeadlineConnection(HTTPConnection):
+    def connect(self) -> None:
+        super().connect()  # the socket, then (HTTPS) the TLS handshake
+        deadline = _current()
+        if deadline is not None:  # connected too late: abort, send nothing
+            deadline.check(self)
+
+
+class _DeadlineHTTPSConnection(_DeadlineConnection, HTTPSConnection):
+    pass
+
+
+class DeadlineHTTPConnectionPool(HTTPConnectionPool):
+    """A pool whose connections join the deadline of the request that takes them."""
+
+    ConnectionCls = _DeadlineConnection
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)
+        deadline = _current()
         if deadline is not None:
             deadline.attach(conn)
-            _check_on_connect(conn)
         return conn
 
-    pool._get_conn = tracked_get_conn
-    pool._himitsu_tracked = True
+
+class DeadlineHTTPSConnectionPool(DeadlineHTTPConnectionPool, HTTPSConnectionPool):
+    ConnectionCls = _DeadlineHTTPSConnection
 
 
-def _check_on_connect(conn: Any) -> None:
-    """Wrap the connection's connect (once) so a late one sends nothing."""
-    if getattr(conn, "_himitsu_checked", False):
-        return
-    connect: Callable[[], None] = conn.connect
-
-    def checked_connect() -> None:
-        connect()
-        deadline: Deadline | None = getattr(_local, "deadline", None)
-        if deadline is not None:
-            deadline.check(conn)
-
-    conn.connect = checked_connect
-    conn._himitsu_checked = True
+# For a PoolManager's (or ProxyManager's) ``pool_classes_by_scheme``.
+POOL_CLASSES = {"http": DeadlineHTTPConnectionPool, "https": DeadlineHTTPSConnectionPool}
 
 
 @contextlib.contextmanager
 def within(seconds: float) -> Iterator[Deadline]:
-    """Run the block's requests (on tracked pools) under one deadline ``seconds`` from
+    """Run the block's requests (on ``POOL_CLASSES`` pools) under one deadline ``seconds`` from
     now; the block may ask the ``Deadline`` whether it expired (the watchdog aborted)."""
     deadline = Deadline(time.monotonic() + max(0.0, seconds))
     _WATCHDOG.arm(deadline)
