@@ -13,6 +13,7 @@ import pickle
 import random
 import secrets
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -33,7 +34,7 @@ from .observe import Follower, Recorder, Watcher
 from .records import Quiet, Text
 from .report import render
 from .rig import LEASE, SA_PREFIX, Rig
-from .schedule import Schedule, draw
+from .schedule import Fault, Phase, Schedule, draw
 
 SETUP_READY_TIMEOUT = 900.0
 SCRAPE_EVERY = 30.0
@@ -190,31 +191,47 @@ def _run_schedule(schedule: Schedule, start: float, *, rig: Rig, runner: FaultRu
                   driver: Driver, recorder: Recorder, act_interval: float) -> None:
     faults = list(schedule.faults)
     last_scrape = 0.0
-    for phase in schedule.phases:
-        phase_end = start + phase.end
-        if phase.quiet:
+    acting, stop = threading.Event(), threading.Event()
+    user = threading.Thread(target=driver.run, name="driver", daemon=True,
+                            kwargs={"acting": acting, "stop": stop, "interval": act_interval})
+    user.start()
+    try:
+        for phase in schedule.phases:
+            last_scrape = _run_phase(phase, start, faults, last_scrape, rig=rig, runner=runner,
+                                     driver=driver, recorder=recorder, acting=acting)
+    finally:
+        stop.set()
+        acting.clear()
+        user.join(timeout=60)
+
+
+def _run_phase(phase: Phase, start: float, faults: list[Fault], last_scrape: float, *,
+               rig: Rig, runner: FaultRunner, driver: Driver, recorder: Recorder,
+               acting: threading.Event) -> float:
+    phase_end = start + phase.end
+    if phase.quiet:
+        acting.clear()
+        with driver.busy:  # the act under way ends first
             runner.drain()
-            quiet_start = time.time()
-            say(f"quiet phase until t+{phase.end:.0f}s")
-            if phase_end - quiet_start > 10.0:
-                recorder.add(Quiet(quiet_start, phase_end))
-            else:
-                say("a fault overran the chaos phase: this quiet phase is too short to judge")
+        quiet_start = time.time()
+        say(f"quiet phase until t+{phase.end:.0f}s")
+        if phase_end - quiet_start > 10.0:
+            recorder.add(Quiet(quiet_start, phase_end))
         else:
-            say(f"chaos phase until t+{phase.end:.0f}s")
-        next_act = time.time()
-        while (now := time.time()) < phase_end:
-            while faults and start + faults[0].at <= now and not phase.quiet:
-                fault = faults.pop(0)
-                say(f"fault {fault.describe()}")
-                runner.begin(fault)
-            if not phase.quiet and now >= next_act:
-                driver.act()
-                next_act = now + act_interval * driver.rng.uniform(0.5, 1.5)
-            if now - last_scrape >= SCRAPE_EVERY:
-                _scrape(rig, recorder)
-                last_scrape = now
-            time.sleep(0.05)
+            say("a fault overran the chaos phase: this quiet phase is too short to judge")
+    else:
+        say(f"chaos phase until t+{phase.end:.0f}s")
+        acting.set()
+    while (now := time.time()) < phase_end:
+        while faults and start + faults[0].at <= now and not phase.quiet:
+            fault = faults.pop(0)
+            say(f"fault {fault.describe()}")
+            runner.begin(fault)
+        if now - last_scrape >= SCRAPE_EVERY:
+            _scrape(rig, recorder)
+            last_scrape = now
+        time.sleep(0.05)
+    return last_scrape
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import base64
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from e2e.kubehelp import ApiError, KubeApi, hsec_path, secret_path
+from e2e.kubehelp import KubeApi, hsec_path, secret_path
 
 from . import fleet as fl
 from .records import Acted
@@ -39,6 +40,7 @@ class Driver:
         self.fleet, self.kube, self.standin_call = fleet, kube, standin_call
         self.api_url, self.rng, self.sink = api_url, rng, sink
         self.done: dict[str, int] = {}
+        self.busy = threading.Lock()  # held during an act: a quiet phase waits for it
         self.failed: dict[str, int] = {}
 
     # -- Himitsu ---------------------------------------------------------------------------
@@ -76,11 +78,20 @@ class Driver:
         try:
             getattr(self, "_" + kind.replace("-", "_"))(kind)
             self.done[kind] = self.done.get(kind, 0) + 1
-        except (ApiError, RuntimeError, OSError, LookupError) as exc:
-            # An apiserver fault may refuse the act: the user retries something else.
+        except (IndexError, TypeError, AttributeError, AssertionError):
+            raise  # the driver's own bug
+        except Exception:  # a fault refused the act: the user goes on
             self.failed[kind] = self.failed.get(kind, 0) + 1
-            if isinstance(exc, LookupError) and not isinstance(exc, KeyError):
-                raise
+
+    def run(self, *, acting: threading.Event, stop: threading.Event, interval: float) -> None:
+        """Act every ``interval`` seconds (jittered) while ``acting`` is set."""
+        while not stop.is_set():
+            if not acting.wait(0.2):
+                continue
+            with self.busy:
+                if acting.is_set():
+                    self.act()
+            stop.wait(interval * self.rng.uniform(0.5, 1.5))
 
     def _pick(self, *, rollout: bool = False, policy: str | None = None,
               fmt: str | None = None) -> fl.Member:

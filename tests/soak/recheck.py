@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     with open(workdir / "records.pickle", "rb") as fh:
         records = pickle.load(fh)  # noqa: S301 - our own file, written by the soak
     users = frozenset(f"system:serviceaccount:himitsu-system:{SA_PREFIX}{r}" for r in REPLICAS)
-    issued: frozenset[str] = frozenset()  # the values are not kept on disk; the marker scan still runs
+    issued: frozenset[str] = frozenset()  # values are not kept on disk; the marker scan runs
     findings = check([r for r in records if not isinstance(r, Text) or len(argv) > 2],
                      Config(operator_users=users, lease=LEASE, issued=issued))
     for v in findings.violations:
