@@ -138,7 +138,7 @@ def main() -> int:
     with open(workdir / "records.pickle", "wb") as fh:  # for a re-check: python -m soak.recheck
         pickle.dump(records, fh)
     findings = check(records, Config(operator_users=rig.operator_users, lease=LEASE,
-                                     issued=frozenset(fleet.issued)))
+                                     issued=frozenset(fleet.issued), start=start))
     print(render(start=start, seed=seed, minutes=minutes, objects=objects,
                  changes=driver.done, failed=driver.failed,
                  injected=[r for r in records if type(r).__name__ == "Injected"],

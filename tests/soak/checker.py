@@ -32,6 +32,7 @@ from .world import FOREIGN_PREFIX, Key, World, refresh_seconds, target_name
 
 Record = Watched | Written | Polled | Acted | Injected | Quiet | Text
 CONFIG_VERSION = "himitsu.io/config-version"
+REASON_SLACK = 2.0  # an act this long before the 304 still explains the fetch after it
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Config:
     poll_bound: float = 15.0
     poll_grace: float = 20.0  # after a quiet phase begins, before polls are timed
     issued: frozenset[str] = frozenset()  # secret values and tokens: none may leak
+    start: float = 0.0  # the soak's start: fault times are printed from it
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Findings:
     full_fetches: Counter[str] = field(default_factory=Counter)  # excused, by reason
     quiet_requests: int = 0  # Himitsu requests during quiet phases
     polls_due: float = 0.0  # polls due then: each source once per refreshInterval
+    hsec_polls_due: float = 0.0  # each HimitsuSecret once per refreshInterval (no sharing)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class _Replay:
         self.pending: dict[Key, list[tuple[float, int]]] = defaultdict(list)
         self.reasons: dict[str, list[float]] = defaultdict(list)  # env -> user acts on it
         self.converged_at: float | None = None
+        self.last_poll: dict[tuple[str, str], Polled] = {}
+        self.hsec_rates: list[float] = []  # per quiet phase: HimitsuSecret polls due a second
 
     # -- driving ---------------------------------------------------------------------------
     def run(self) -> Findings:
@@ -103,6 +108,8 @@ class _Replay:
                 self._acted(rec)
             elif isinstance(rec, Written):
                 self._written(rec)
+            elif isinstance(rec, Polled):
+                self._polled(rec)
             elif isinstance(rec, Quiet):
                 self._quiet_begins(rec)
             elif isinstance(rec, _End):
@@ -117,11 +124,9 @@ class _Replay:
         self._add(term_violations)
         self._add(polls.check_cadence(polled, self.quiet_sources, bound=self.config.poll_bound,
                                       grace=self.config.poll_grace))
-        poll_violations, self.found.full_fetches = polls.check_full_fetches(
-            polled, self.reasons, self.faults)
-        self._add(poll_violations)
-        for quiet, sources in self.quiet_sources:
+        for (quiet, sources), rate in zip(self.quiet_sources, self.hsec_rates, strict=True):
             length = quiet.end - quiet.time
+            self.found.hsec_polls_due += length * rate
             self.found.polls_due += sum(length / refresh for refresh in sources.values())
             self.found.quiet_requests += sum(1 for p in polled if quiet.time <= p.time <= quiet.end)
         self._add(leaks.check(texts, watched, self.config.issued))
@@ -134,7 +139,8 @@ class _Replay:
             self.violation(v.rule, v.time, v.objects, v.detail)
 
     def violation(self, rule: str, time: float, objects: Iterable[str], detail: str) -> None:
-        recent = tuple(f"{f.kind} {f.target} at {f.time:.1f}" for f in self.faults
+        recent = tuple(f"{f.kind} {f.target} at t+{f.time - self.config.start:.1f}s"
+                       for f in self.faults
                        if f.time <= time and f.end >= time - 60.0)
         self.found.violations.append(Violation(rule, time, tuple(objects), detail, recent))
 
@@ -142,6 +148,41 @@ class _Replay:
         return any(since <= t <= until for t in self.acts_on.get(key, ()))
 
     # -- records ---------------------------------------------------------------------------
+    def _polled(self, poll: Polled) -> None:
+        """A full fetch right after a 304 for the same source needs a reason: a user act
+        on a HimitsuSecret, target or token of that environment since just before the 304,
+        or one the contract gives for a full fetch, seen on a HimitsuSecret polling that
+        source (target missing, its config-version not the status's, spec or force-sync
+        not yet observed), or HimitsuSecrets sharing the source at different versions."""
+        source = (poll.environment, poll.token)
+        before = self.last_poll.get(source)
+        self.last_poll[source] = poll
+        if poll.conditional or before is None or before.status != 304:
+            return
+        since = before.time - REASON_SLACK
+        if any(since <= t <= poll.time for t in self.reasons.get(poll.environment, ())):
+            self.found.full_fetches["a user act on its environment's objects"] += 1
+            return
+        users = [(k, h) for k, h in self.world.hsecs().items()
+                 if self.world.environment(h) == poll.environment
+                 and self.world.token_fingerprint(h) == poll.token]
+        for _, hsec in users:
+            unsafe = self.world.unsafe_for_conditional(hsec)
+            if unsafe is not None:
+                self.found.full_fetches[unsafe] += 1
+                return
+        if len({str((h.get("status") or {}).get("configVersion")) for _, h in users}) > 1:
+            # one of them is behind: its data must come in full (a conditional request
+            # with its older version would be answered 200 just the same)
+            self.found.full_fetches["HimitsuSecrets of the source at different versions"] += 1
+            return
+        self.violation("needless-full-fetch", poll.time,
+                       [f"environment {poll.environment}", f"token {poll.token}",
+                        *(f"{k[0]}/{k[1]}" for k, _ in users)],
+                       f"a full fetch {poll.time - before.time:.1f} s after a 304, with no user "
+                       "act since and every HimitsuSecret of the source in a state that allows "
+                       "a conditional request")
+
     def _acted(self, act: Acted) -> None:
         self.world.apply_act(act)
         if act.kind.startswith("himitsu-") and act.version:
@@ -242,14 +283,17 @@ class _Replay:
         hsecs = self.world.hsecs()
         self.quiet_open = {k for k in hsecs if self.world.converged(k) is not None}
         sources: dict[tuple[str, str], float] = {}
+        rate = 0.0
         for hsec in hsecs.values():
             token = self.world.token_fingerprint(hsec)
             refresh = refresh_seconds(hsec)
             if token is None or refresh <= 0:
                 continue
+            rate += 1.0 / refresh
             source = (self.world.environment(hsec), token)
             sources[source] = min(refresh, sources.get(source, math.inf))
         self.quiet_sources.append((quiet, sources))
+        self.hsec_rates.append(rate)
         self.converged_at = None if self.quiet_open else quiet.time
 
     def _recheck_quiet(self, rec: Watched) -> None:

@@ -25,7 +25,8 @@ def render(*, start: float, seed: int, minutes: float, objects: int, changes: Ma
     faults = Counter(f.kind for f in injected)
     converge = [c for c in findings.convergence if not math.isinf(c)]
     never = sum(1 for c in findings.convergence if math.isinf(c))
-    per_poll = findings.quiet_requests / findings.polls_due if findings.polls_due else math.nan
+    per_poll = (findings.quiet_requests / findings.hsec_polls_due if findings.hsec_polls_due
+                else math.nan)
     lines = [
         "=" * 72,
         f"soak report  seed={seed}  (rerun: SOAK_SEED={seed} SOAK_MINUTES={minutes:g} "
@@ -54,9 +55,11 @@ def render(*, start: float, seed: int, minutes: float, objects: int, changes: Ma
         f"longest time without leader  {findings.leaderless:.1f} s (longest gap between "
         "Lease writes)",
         f"operator restarts            {operator_restarts}",
-        f"Himitsu requests per poll    {per_poll:.2f} in quiet phases "
-        f"({findings.quiet_requests} requests, {findings.polls_due:.0f} polls due: each source "
-        "once per refreshInterval)",
+        f"Himitsu requests per poll    {per_poll:.2f} in quiet phases: "
+        f"{findings.quiet_requests} requests for {findings.hsec_polls_due:.0f} polls due "
+        "(each HimitsuSecret once per refreshInterval)",
+        f"                             {findings.polls_due:.0f} polls due if each source "
+        "(environment, token) were polled once per shortest refreshInterval",
         "peak RSS                     " + ", ".join(
             f"replica {k} {v:.0f} MiB" for k, v in sorted(peak_rss_mib.items())),
     ]

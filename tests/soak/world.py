@@ -14,11 +14,13 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from .records import Acted, Watched, secret_data
+from .records import Acted, Watched, annotations_of, secret_data
 
 Key = tuple[str, str]
 DEFAULT_BLOB_KEYS = {"Dotenv": ".env", "Json": "config.json"}
 FOREIGN_PREFIX = "FOREIGN_"
+CONFIG_VERSION = "himitsu.io/config-version"
+FORCE_SYNC = "himitsu.io/force-sync"
 
 
 def spec(hsec: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -148,6 +150,22 @@ class World:
         if before and key not in before[-1]:
             return True
         return any(key not in keys for t, keys in history if t >= since)
+
+    def unsafe_for_conditional(self, hsec: Mapping[str, Any]) -> str | None:
+        """Why the contract calls a conditional request unsafe for ``hsec`` now, if it does."""
+        meta, status = hsec.get("metadata", {}), hsec.get("status") or {}
+        ns = str(meta.get("namespace", ""))
+        target = self.secret((ns, target_name(hsec)))
+        if target is None:
+            return "its target missing"
+        if str(annotations_of(target).get(CONFIG_VERSION)) != str(status.get("configVersion")):
+            return "its target's config-version not the status's"
+        if status.get("observedGeneration") != meta.get("generation"):
+            return "a spec change not yet observed"
+        force = (meta.get("annotations") or {}).get(FORCE_SYNC)
+        if force is not None and force != status.get("lastForceSync"):
+            return "a force-sync not yet honoured"
+        return None
 
     def converged(self, key: Key) -> str | None:
         """None when the HimitsuSecret is Ready and its target renders Himitsu's data."""

@@ -46,7 +46,7 @@ def secret(name: str, data: dict[str, str], rv: int, *, version: int = 1,
 
 def hsec(name: str = "hs-1", *, target: str = "tgt-1", policy: str = "Owner",
          fmt: str = "KeyValue", refresh: str = "10s", ready: str = "True", rv: int = 1,
-         deployment: str | None = None) -> dict[str, Any]:
+         deployment: str | None = None, version: int = 2) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "apiUrl": "http://127.0.0.1:1", "projectId": PROJECT, "environmentId": ENV,
         "authSecretRef": {"name": "tok-0"}, "refreshInterval": refresh,
@@ -57,7 +57,7 @@ def hsec(name: str = "hs-1", *, target: str = "tgt-1", policy: str = "Owner",
             "metadata": {"namespace": NS, "name": name, "generation": 1,
                          "resourceVersion": str(rv)},
             "spec": spec,
-            "status": {"observedGeneration": 1, "conditions": [
+            "status": {"observedGeneration": 1, "configVersion": version, "conditions": [
                 {"type": "Ready", "status": ready, "reason": "Synced"}]}}
 
 
@@ -194,8 +194,20 @@ def test_a_full_fetch_right_after_a_304_needs_a_reason() -> None:
     found = check([*base(), force, *polls], CONFIG)
     assert rules(found) == []
     assert sum(found.full_fetches.values()) == 1
-    fault = Injected(12.0, 13.0, "leader-sigkill", "replica a")
-    assert rules(check([*base(), fault, *polls], CONFIG)) == []
+    fault = Injected(12.0, 13.0, "leader-sigkill", "replica a")  # no reason in itself
+    assert rules(check([*base(), fault, *polls], CONFIG)) == ["needless-full-fetch"]
+    # a sync cut short: the target got version 3, the status still says 2 (the contract's
+    # "config-version annotation does not match observed status")
+    half_done = w(15.0, secret("tgt-1", {"A": "1", "B": "3"}, 11, version=3))
+    found = check([*base(), fault, half_done, *polls], CONFIG)
+    assert rules(found) == []
+    assert found.full_fetches == {"its target's config-version not the status's": 1}
+    # a second HimitsuSecret of the source, still at version 1: its data comes in full
+    behind = [w(4.0, hsec("hs-2", target="tgt-2", version=1), type_="ADDED"),
+              w(4.5, secret("tgt-2", {"A": "1"}, 12, version=1), type_="ADDED")]
+    found = check([*base(), *behind, *polls], CONFIG)
+    assert rules(found) == []
+    assert found.full_fetches == {"HimitsuSecrets of the source at different versions": 1}
 
 
 # -- leader terms -----------------------------------------------------------------------------
