@@ -1,8 +1,9 @@
 """``make soak``: set up, run the schedule with the user driver, check, print the report.
 
 SOAK_MINUTES (default 30), SOAK_SEED (default: drawn and printed), SOAK_OBJECTS (default
-300), SOAK_ACT_INTERVAL (seconds between user acts, default 1), SOAK_DIR (work directory,
-default .local/soak-<seed>-<time>). Exit status 1 when any invariant was violated.
+300), SOAK_ACT_INTERVAL (seconds between user acts, default 1), SOAK_FAULTS (fault kinds,
+comma-separated: only these), SOAK_DIR (work directory, default .local/soak-<seed>-<time>).
+Exit status 1 when any invariant was violated.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main() -> int:
     workdir = Path(os.environ.get("SOAK_DIR")
                    or REPO / ".local" / f"soak-{seed}-{int(time.time())}").resolve()
     n_envs = max(4, objects // 15)
-    schedule = draw(seed, minutes, environments=n_envs, tokens=n_envs + 3)
+    kinds = tuple(k for k in (os.environ.get("SOAK_FAULTS") or "").split(",") if k)
+    schedule = draw(seed, minutes, environments=n_envs, tokens=n_envs + 3, kinds=kinds)
     print("\n".join(schedule.describe()), flush=True)
     say(f"seed={seed} minutes={minutes:g} objects={objects} workdir={workdir}")
     recorder = Recorder()

@@ -98,12 +98,16 @@ def plan_phases(total: float, *, chaos: float = CHAOS_SECONDS,
 
 
 def draw(seed: int, minutes: float, *, environments: int, tokens: int,
-         rate: float = FAULTS_PER_CHAOS_MINUTE) -> Schedule:
-    """The faults of a soak of ``minutes``, drawn from ``seed``."""
+         rate: float = FAULTS_PER_CHAOS_MINUTE, kinds: tuple[str, ...] = ()) -> Schedule:
+    """The faults of a soak of ``minutes``, drawn from ``seed`` (among ``kinds`` only,
+    when given: to study one fault at a time)."""
+    unknown = set(kinds) - set(FAULT_KINDS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {sorted(FAULT_KINDS)}")
     rng = random.Random(seed)
     phases = plan_phases(minutes * 60.0)
     faults: list[Fault] = []
-    kinds = sorted(FAULT_KINDS)
+    kinds = tuple(sorted(kinds or FAULT_KINDS))
     for phase in phases:
         if phase.quiet:
             continue
