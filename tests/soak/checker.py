@@ -167,7 +167,7 @@ class _Replay:
                  if self.world.environment(h) == poll.environment
                  and self.world.token_fingerprint(h) == poll.token]
         for _, hsec in users:
-            unsafe = self.world.unsafe_for_conditional(hsec)
+            unsafe = self.world.unsafe_for_conditional(hsec, user_rvs=self.user_rvs)
             if unsafe is not None:
                 self.found.full_fetches[unsafe] += 1
                 return

@@ -190,6 +190,7 @@ class Driver:
         serial = self.fleet.next_serial()
         if member.policy == "Owner":
             member.policy, member.target = "Merge", f"merge-{member.name}-{serial}"
+            member.type = "Opaque"  # the type of the user's Secret it merges into
             self.create_merge_target(member)
         else:
             member.policy, member.target = "Owner", f"tgt-{member.name}-{serial}"

@@ -132,8 +132,7 @@ def hsec_body(fleet: Fleet, member: Member, api_url: str) -> dict[str, Any]:
                               "template": {"format": member.format}}
     if member.labels:
         target["template"]["labels"] = dict(member.labels)
-    if member.policy == "Owner":
-        target["type"] = member.type
+    target["type"] = member.type  # a merge patch keeps what it does not name
     spec: dict[str, Any] = {
         "apiUrl": api_url, "projectId": env.project, "environmentId": env.environment,
         "authSecretRef": {"name": fleet.tokens[member.token].secret_name},

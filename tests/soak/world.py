@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import Any
 
 from .records import Acted, Watched, annotations_of, secret_data
@@ -151,13 +151,17 @@ class World:
             return True
         return any(key not in keys for t, keys in history if t >= since)
 
-    def unsafe_for_conditional(self, hsec: Mapping[str, Any]) -> str | None:
-        """Why the contract calls a conditional request unsafe for ``hsec`` now, if it does."""
+    def unsafe_for_conditional(self, hsec: Mapping[str, Any], *,
+                               user_rvs: Set[str] = frozenset()) -> str | None:
+        """Why the contract calls a conditional request unsafe for ``hsec`` now, if it does
+        (``user_rvs``: versions the user wrote; a target at one was edited by hand)."""
         meta, status = hsec.get("metadata", {}), hsec.get("status") or {}
         ns = str(meta.get("namespace", ""))
         target = self.secret((ns, target_name(hsec)))
         if target is None:
             return "its target missing"
+        if str(target.get("metadata", {}).get("resourceVersion")) in user_rvs:
+            return "its target edited by the user, not yet repaired"
         if str(annotations_of(target).get(CONFIG_VERSION)) != str(status.get("configVersion")):
             return "its target's config-version not the status's"
         if status.get("observedGeneration") != meta.get("generation"):

@@ -202,6 +202,12 @@ def test_a_full_fetch_right_after_a_304_needs_a_reason() -> None:
     found = check([*base(), fault, half_done, *polls], CONFIG)
     assert rules(found) == []
     assert found.full_fetches == {"its target's config-version not the status's": 1}
+    # the user edited the target by hand (before that 304) and it is not repaired yet
+    hand = [Acted(8.0, "target-hand-edit", NS, "tgt-1", rv="11"),
+            w(8.5, secret("tgt-1", {"A": "x", "B": "2"}, 11))]
+    found = check([*base(), *hand, *polls], CONFIG)
+    assert rules(found) == []
+    assert found.full_fetches == {"its target edited by the user, not yet repaired": 1}
     # a second HimitsuSecret of the source, still at version 1: its data comes in full
     behind = [w(4.0, hsec("hs-2", target="tgt-2", version=1), type_="ADDED"),
               w(4.5, secret("tgt-2", {"A": "1"}, 12, version=1), type_="ADDED")]
