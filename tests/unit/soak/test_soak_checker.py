@@ -203,7 +203,7 @@ def test_a_full_fetch_right_after_a_304_needs_a_reason() -> None:
     assert rules(found) == []
     assert found.full_fetches == {"its target's config-version not the status's": 1}
     # the user edited the target by hand (before that 304) and it is not repaired yet
-    hand = [Acted(5.0, "target-hand-edit", NS, "tgt-1", rv="11"),
+    hand: list[Any] = [Acted(5.0, "target-hand-edit", NS, "tgt-1", rv="11"),
             w(5.5, secret("tgt-1", {"A": "x", "B": "2"}, 11))]
     found = check([*base(), *hand, *polls], CONFIG)
     assert rules(found) == []
