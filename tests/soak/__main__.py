@@ -32,7 +32,7 @@ from .checker import Config, check
 from .driver import Driver, b64
 from .faults import FaultRunner
 from .observe import Follower, Recorder, Watcher
-from .records import Quiet, Text
+from .records import Injected, Quiet, Text
 from .report import render
 from .rig import LEASE, SA_PREFIX, Rig
 from .schedule import Fault, Phase, Schedule, draw
@@ -143,7 +143,7 @@ def main() -> int:
                                      issued=frozenset(fleet.issued), start=start))
     print(render(start=start, seed=seed, minutes=minutes, objects=objects,
                  changes=driver.done, failed=driver.failed,
-                 injected=[r for r in records if type(r).__name__ == "Injected"],
+                 injected=[r for r in records if isinstance(r, Injected)],
                  findings=findings, operator_restarts=operator_restarts,
                  peak_rss_mib=peak, fault_errors=fault_errors), flush=True)
     say(f"logs and records kept in {workdir}")
@@ -232,6 +232,8 @@ def _run_phase(phase: Phase, start: float, faults: list[Fault], last_scrape: flo
         if now - last_scrape >= SCRAPE_EVERY:
             _scrape(rig, recorder)
             last_scrape = now
+        elif now - rig.rss_sampled >= 2.0:  # often: a killed process leaves no peak behind
+            rig.sample_rss(now)
         time.sleep(0.05)
     return last_scrape
 

@@ -63,6 +63,12 @@ class Rig:
         self.standin: Standin | None = None
         self.replicas: dict[str, Replica] = {}
         self.launchers: list[OperatorLauncher] = []
+        self.rss_sampled = 0.0
+
+    def sample_rss(self, now: float) -> None:
+        self.rss_sampled = now
+        for replica in self.replicas.values():
+            replica.sample_rss()
 
     @property
     def operator_users(self) -> frozenset[str]:
