@@ -58,8 +58,8 @@ def render(*, start: float, seed: int, minutes: float, objects: int, changes: Ma
         f"Himitsu requests per poll    {per_poll:.2f} in quiet phases: "
         f"{findings.quiet_requests} requests for {findings.hsec_polls_due:.0f} polls due "
         "(each HimitsuSecret once per refreshInterval)",
-        f"                             {findings.polls_due:.0f} polls due if each source "
-        "(environment, token) were polled once per shortest refreshInterval",
+        f"                             ({findings.polls_due:.0f} if each source (environment, "
+        "token) were asked once per its shortest refreshInterval)",
         "peak RSS                     " + ", ".join(
             f"replica {k} {v:.0f} MiB" for k, v in sorted(peak_rss_mib.items())),
     ]
