@@ -44,10 +44,6 @@ class Driver:
         self.failed: dict[str, int] = {}
 
     # -- Himitsu ---------------------------------------------------------------------------
-    def _himitsu(self, kind: str, env: fl.Environment) -> None:
-        self.sink(Acted(time.time(), kind, environment=env.environment, data=dict(env.data),
-                        version=env.version))
-
     def set_values(self, env: fl.Environment, values: dict[str, str], kind: str) -> None:
         path = f"/projects/{env.project}/environments/{env.environment}/secrets"
         before = time.time()

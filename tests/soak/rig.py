@@ -36,7 +36,6 @@ class Replica:
     def __init__(self, name: str, proxy: FreezableProxy, supervisor: Supervisor) -> None:
         self.name, self.proxy, self.supervisor = name, proxy, supervisor
         self.peak_rss_kib = 0
-        self.pids: set[int] = set()
 
     @property
     def process(self) -> OperatorProcess:
@@ -44,7 +43,6 @@ class Replica:
 
     def sample_rss(self) -> None:
         proc = self.process
-        self.pids.add(proc.pid)
         with contextlib.suppress(OSError, ValueError):
             for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
