@@ -236,6 +236,11 @@ bench: venv kube-build ## Steady-state cost, poll sharing, cold sync, drift repa
 bench-memory: venv kube-build ## Memory alone: RSS after a cold sync of 1,000/5,000/10,000 (~20 min); BENCH_BASELINE_SRC=<tree>/src adds a baseline
 	$(PY) bench/run.py --scenarios memory --memory-sizes 1000,5000,10000
 
+##@ Soak
+.PHONY: soak
+soak: venv kube-build ## Chaos soak (issue 26): seeded faults, invariants checked, figures; SOAK_MINUTES=30 SOAK_SEED= SOAK_OBJECTS=300
+	PYTHONPATH=tests $(PY) -m soak
+
 .PHONY: clean
 clean: ## Remove build and test leftovers (not the Go caches)
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache hack/kube/bin hack/prometheus/bin

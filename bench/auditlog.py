@@ -50,10 +50,12 @@ class AuditLog:
     """The operator's requests from the audit log (every line is counted, only lines of
     ``username`` are decoded: the log also holds the benchmark's own requests)."""
 
-    def __init__(self, path: Path, *, username: str) -> None:
+    def __init__(self, path: Path, *, username: str, prefix: bool = False) -> None:
         self.path = Path(path)
         self.username = username
-        self._needle = f'"username":"{username}"'.encode()
+        # prefix: decode the lines of every user whose name starts with ``username``
+        closing = "" if prefix else '"'
+        self._needle = f'"username":"{username}{closing}'.encode()
         self._fh: BinaryIO | None = None
         self._ino: int | None = None
         self._partial = b""

@@ -81,6 +81,7 @@ class AuditEvent:
     namespace: str
     code: int | None
     received: float  # requestReceivedTimestamp, seconds since the epoch
+    name: str = ""  # objectRef.name (the soak's checker needs the object written)
 
 
 def parse_timestamp(text: str) -> float:
@@ -114,6 +115,7 @@ def parse_audit_line(line: str) -> AuditEvent | None:
         user_agent=str(raw.get("userAgent", "")), verb=str(raw.get("verb", "")),
         resource=resource, namespace=str(ref.get("namespace", "")),
         code=int(code) if isinstance(code, int) else None, received=received,
+        name=str(ref.get("name", "")),
     )
 
 

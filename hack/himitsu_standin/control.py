@@ -22,6 +22,7 @@ input, 404 NOT_FOUND for unknown objects or routes. ``{p}``/``{e}`` are UUIDs.
   POST   /_standin/tokens        {"token"?, "project"?, "environment"?, "demoted"?}
          -> {"token", "fingerprint"}; no project = org scope; generated if no token
   POST   /_standin/tokens/revoke {"token"} or {"fingerprint"}
+  POST   /_standin/tokens/restore {"token"} or {"fingerprint"}: undo a revocation
   POST   /_standin/tokens/demote {"token"} or {"fingerprint"}, "demoted"?: bool (true); the
                                   key still reads, as the real one does (every role reads)
   POST   /_standin/faults        {"kind", "environment"?, "count"?, "status"?, "code"?,
@@ -30,7 +31,8 @@ input, 404 NOT_FOUND for unknown objects or routes. ``{p}``/``{e}`` are UUIDs.
   DELETE /_standin/faults[/{id}]  clear every fault, or one
   GET    /_standin/stats          {"total", "by_status", "by_environment", "by_token"}
   DELETE /_standin/stats          reset the stats and the request log
-  GET    /_standin/requests[?environment=&limit=]  request log, oldest first
+  GET    /_standin/requests[?environment=&limit=&after=]  request log, oldest first;
+         after=N skips the first N records logged since the last reset (a follower's count)
   POST   /_standin/wait           {"count", "environment"?, "status"?, "timeout"?}
          -> {"ok", "total"}: block until that many matching requests were logged
   DELETE /_standin/rate-limits    forget every rate-limit window
@@ -104,8 +106,8 @@ def _tokens(himitsu: Himitsu, path: str, body: dict[str, Any]) -> Any:
                                   demoted=bool(body.get("demoted", False)))
         return {"token": token, "fingerprint": fingerprint(token)}
     ref = str(body.get("token") or body.get("fingerprint") or "")
-    if path == "/tokens/revoke":
-        himitsu.revoke_token(ref)
+    if path in ("/tokens/revoke", "/tokens/restore"):
+        himitsu.revoke_token(ref, revoked=path == "/tokens/revoke")
     elif path == "/tokens/demote":
         himitsu.set_demoted(ref, bool(body.get("demoted", True)))
     else:
@@ -123,7 +125,8 @@ def _observe(himitsu: Himitsu, method: str, path: str, query: dict[str, list[str
         return {"ok": True}
     if (method, path) == ("GET", "/requests"):
         records = himitsu.requests(environment=query.get("environment", [None])[0],
-                                   limit=int(query.get("limit", ["0"])[0]))
+                                   limit=int(query.get("limit", ["0"])[0]),
+                                   after=int(query.get("after", ["0"])[0]))
         return [asdict(record) for record in records]
     if (method, path) == ("DELETE", "/rate-limits"):
         himitsu.reset_rate_limits()

@@ -78,6 +78,7 @@ class Himitsu:
         self._faults = FaultBook(self._key_limits)
         self._ip_limits = FixedWindows(per_ip_limit, window, clock)
         self._log: deque[RequestRecord] = deque(maxlen=log_limit)
+        self._logged = 0  # records appended since the last reset, dropped ones included
         self._counts: Counter[tuple[str | None, str, str | None]] = Counter()
 
     # -- environments and secrets ----------------------------------------------------------
@@ -169,9 +170,10 @@ class Himitsu:
             self._tokens[token_digest(token)] = _Token(project, environment, demoted=demoted)
         return token
 
-    def revoke_token(self, token_or_fingerprint: str) -> None:
+    def revoke_token(self, token_or_fingerprint: str, *, revoked: bool = True) -> None:
+        """Revoke a token (``revoked=False``: restore it, as re-issuing the same key would)."""
         with self._lock:
-            self._find_token(token_or_fingerprint).revoked = True
+            self._find_token(token_or_fingerprint).revoked = revoked
 
     def set_demoted(self, token_or_fingerprint: str, demoted: bool = True) -> None:
         """Model the token's creator losing (or regaining) the role the key acts with."""
@@ -272,6 +274,7 @@ class Himitsu:
         self._log.append(RequestRecord(
             time.time(), req.method, req.path, environment, token_fp, status,
             req.if_none_match, req.user_agent, req.content_type is not None, answer.fault))
+        self._logged += 1
         self._counts[(environment, "reset" if status is None else str(status), token_fp)] += 1
         self._changed.notify_all()
 
@@ -291,17 +294,30 @@ class Himitsu:
         return {"total": by_status.total(), "by_status": dict(by_status),
                 "by_environment": dict(by_env), "by_token": dict(by_token)}
 
-    def requests(self, *, environment: str | None = None,
-                 limit: int | None = None) -> list[RequestRecord]:
-        """The request log, oldest first (the newest ``limit`` when given)."""
+    def requests(self, *, environment: str | None = None, limit: int | None = None,
+                 after: int = 0) -> list[RequestRecord]:
+        """The request log, oldest first (the newest ``limit`` when given).
+
+        ``after``: skip the first ``after`` records ever logged since the last reset (a
+        reader following the log passes the count it has read; records the bounded log
+        dropped meanwhile are gone).
+        """
         env = environment.lower() if environment else None
         with self._lock:
-            records = [r for r in self._log if env in (None, r.environment)]
+            skip = max(0, after - (self._logged - len(self._log)))
+            tail = list(self._log)[skip:] if after else self._log
+            records = [r for r in tail if env in (None, r.environment)]
         return records[-limit:] if limit else records
+
+    def logged(self) -> int:
+        """Records appended since the last reset (dropped ones included)."""
+        with self._lock:
+            return self._logged
 
     def reset_stats(self) -> None:
         with self._lock:
             self._log.clear()
+            self._logged = 0
             self._counts.clear()
 
     def key_window(self, token: str) -> tuple[float, int] | None:

@@ -32,7 +32,8 @@ sys.path.insert(0, str(HACK))
 from himitsu_standin import TOKEN_RE, StandIn, fingerprint, generate_token  # noqa: E402
 from himitsu_standin.cli import main as cli_main  # noqa: E402
 from himitsu_standin.control import handle_control  # noqa: E402
-from himitsu_standin.wire import if_none_match_hits, is_loopback  # noqa: E402
+from himitsu_standin.core import Himitsu  # noqa: E402
+from himitsu_standin.wire import Inbound, if_none_match_hits, is_loopback  # noqa: E402
 
 SECRETS = {"API_KEY": "canary-k1", "DB_URL": "postgres://u:canary-pw@db/app"}
 
@@ -222,6 +223,36 @@ def test_bad_credentials_are_401(world: World, authorization: str | None) -> Non
 def test_revoked_token_is_401(world: World) -> None:
     world.standin.revoke_token(world.token)
     assert_envelope(fetch(world), 401, "UNAUTHENTICATED")
+
+
+def test_a_restored_token_reads_again_over_the_control_api(world: World) -> None:
+    control(world.standin, "POST", "/tokens/revoke", {"token": world.token})
+    assert_envelope(fetch(world), 401, "UNAUTHENTICATED")
+    control(world.standin, "POST", "/tokens/restore", {"fingerprint": fingerprint(world.token)})
+    assert fetch(world).status == 200
+
+
+def test_the_request_log_is_followed_from_a_count_of_records_read(world: World) -> None:
+    for _ in range(3):
+        fetch(world)
+    first = control(world.standin, "GET", "/requests").json()
+    fetch(world)
+    world.standin.revoke_token(world.token)
+    fetch(world)
+    after = control(world.standin, "GET", f"/requests?after={len(first)}").json()
+    assert len(first) == 3
+    assert [r["status"] for r in after] == [200, 401]
+    assert control(world.standin, "GET", "/requests?after=5").json() == []
+
+
+def test_a_follower_of_a_bounded_request_log_gets_what_is_left() -> None:
+    himitsu = Himitsu(log_limit=2)
+    for n in range(5):
+        himitsu.serve_api(Inbound(method="GET", path=f"/nope/{n}", client_ip="127.0.0.1",
+                                  token=None))
+    assert himitsu.logged() == 5
+    assert [r.path for r in himitsu.requests(after=1)] == ["/nope/3", "/nope/4"]
+    assert [r.path for r in himitsu.requests(after=4)] == ["/nope/4"]
 
 
 def test_token_format_is_checked_and_generated_tokens_conform(standin: StandIn) -> None:
