@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import copy
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -237,12 +238,12 @@ class MergeRules(RuleBasedStateMachine):
     slots = Bundle("slots")
 
     @property
-    def world(self) -> World:
-        raise NotImplementedError
+    @abstractmethod
+    def world(self) -> World: ...
 
     @property
-    def oracle(self) -> Oracle:
-        raise NotImplementedError
+    @abstractmethod
+    def oracle(self) -> Oracle: ...
 
     def _edit_hsec(self, slot: int, edit: Callable[[dict[str, Any]], None]) -> None:
         obj = self.world.server.get(HSEC, NS, f"h{slot}")
