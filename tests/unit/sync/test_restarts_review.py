@@ -1,0 +1,105 @@
+"""Adversarial review of issue 22's restarts: each test states a guarantee of item 3 (or
+item 2) that the change breaks; they fail until the production code is fixed."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from reconcile_world import NS, TARGET, World, fetched, values
+
+from himitsu_controller import api, himitsu
+from himitsu_controller.sync.ports import Conflict
+from himitsu_controller.sync.restarts.scheduler import RETRY_FIRST, record_of
+
+WEB = {"kind": "Deployment", "name": "web"}
+
+def pending(why: str) -> pytest.MarkDecorator:
+    """A review finding not yet fixed (issue 22): fails the day it is fixed."""
+    return pytest.mark.xfail(strict=True, reason=f"PENDING (issue 22 review): {why}")
+
+
+
+def rollout_world(**spec: Any) -> World:
+    spec.setdefault("minRestartInterval", "0")
+    world = World(rolloutRestartTargets=[WEB], **spec)
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    return world
+
+
+def restarts(world: World) -> list[str]:
+    return [at for _, _, name, at in world.kube.restarts if name == "web"]
+
+
+def stamp_of(world: World) -> str:
+    return str(world.kube.secret(NS, TARGET)["metadata"]["annotations"][api.ANN_DATA_ID])
+
+
+@pending("a hand-edited data-id stamp is kept (rule.py)")
+def test_a_hand_edit_of_the_target_s_data_id_stamp_alone_restarts_nothing() -> None:
+    """Item 3: only a change of the bytes restarts. A user (or a tool copying annotations
+    from another Secret) who edits only ``himitsu.io/data-id`` changes no byte."""
+    world = rollout_world()
+    world.sync(5)
+    meta = copy.deepcopy(world.kube.secret(NS, TARGET)["metadata"])
+    meta["annotations"][api.ANN_DATA_ID] = "0123456789abcdef"
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+    world.restart()  # or a failover: memory gone, the edited stamp is what is read
+    world.poll(himitsu.NotModified(5))
+    world.poll(himitsu.NotModified(5))
+    assert world.data() == values()
+    assert restarts(world) == []
+
+
+@pending("A->B->A reuses A's id (rule.py)")
+def test_data_changed_back_gets_a_fresh_id_so_the_record_does_not_confirm_a_past_value(
+) -> None:
+    """Item 2: whoever reads only the workload must not confirm a guess of the data. Reusing
+    the id of bytes seen before tells them the Secret again holds a value they once knew."""
+    world = rollout_world()
+    world.sync(5)
+    first = record_of(world.kube.workloads[(NS, "Deployment", "web")])
+    world.poll(fetched(6, values(tag="b")))
+    world.poll(fetched(7))  # the first bytes again
+    assert len(restarts(world)) == 2
+    assert record_of(world.kube.workloads[(NS, "Deployment", "web")]) != first
+    assert stamp_of(world) not in first.values()
+
+
+@pending("409 retried every 1 s (scheduler.py)")
+def test_a_workload_whose_restart_patch_keeps_hitting_409_is_retried_with_backoff() -> None:
+    """No request storm: a busy workload (HPA, another controller) that answers 409 to each
+    patch is asked again with a growing delay, as other failures are, not every second."""
+    world = rollout_world()
+    world.sync(5)
+    world.kube.fail_next["patch_workload"] = [
+        Conflict("Deployment 'web' changed while patching", status=409) for _ in range(8)]
+    result = world.poll(fetched(6, values(tag="b")))
+    delays = []
+    for _ in range(6):
+        assert result.requeue_after is not None
+        delays.append(result.requeue_after)
+        world.clock.advance(result.requeue_after)
+        result = world.reconcile()
+    assert delays[-1] > RETRY_FIRST, delays
+
+
+@pending("a dropped record and a failover lose a restart")
+def test_a_record_removed_by_another_tool_while_a_restart_is_owed_still_restarts() -> None:
+    """Item 3 (a crash between the write and the restart): the leader wrote new bytes and
+    died within the window; meanwhile a GitOps sync (Argo CD Replace=true, Helm --force,
+    kubectl replace) dropped ``himitsu.io/started-with``. The pods still run the old data:
+    the next leader must restart them, not record the new id as what they have."""
+    world = rollout_world(minRestartInterval="10s")
+    world.sync(5)
+    world.poll(fetched(6, values(tag="b")))
+    assert restarts(world) == []  # owed, due within the window
+    meta = world.kube.workloads[(NS, "Deployment", "web")]["metadata"]
+    del meta["annotations"][api.ANN_STARTED_WITH]
+    world.restart()
+    world.clock.advance(10.0)
+    world.poll(himitsu.NotModified(6))
+    world.clock.advance(10.0)
+    world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1
