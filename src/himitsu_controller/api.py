@@ -1,12 +1,8 @@
 """The HimitsuSecret resource: spec and status as typed values parsed from raw JSON dicts.
 
-Kubernetes objects travel through the runtime as plain dicts (cheap to decode, cheap to
-cache); this module is the one place that knows their shape. Parsing applies the
-contract's defaults, so the rest of the code never asks "was this field set?". The CRD
-schema already rejects most bad input at admission, but not all of it (an apiserver
-without our CRD's validation, an old object stored before a schema change, values that
-a pattern cannot express), so every rule is checked again here and reported as
-Ready=False InvalidSpec with a message that says what to fix.
+* The one place that knows the objects' shape; parsing applies the contract's defaults.
+* Every CRD rule is checked again (an apiserver may lack our schema, an old object
+  predate it, a pattern miss a case), reported as InvalidSpec saying what to fix.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ KIND = "HimitsuSecret"
 PLURAL = "himitsusecrets"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# Stamped on every Secret we write; the Secret informer selects on it, so the operator
-# never caches every Secret in the cluster.
+# On every Secret we write: the Secret informer selects on it (never caching every Secret).
 LABEL_MANAGED = "himitsu.io/managed"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "himitsu-operator"
@@ -39,62 +34,44 @@ ANN_ENVIRONMENT_ID = "himitsu.io/environment-id"
 ANN_SOURCE = "himitsu.io/source-hash"
 ANN_DATA_HASH = "himitsu.io/data-hash"
 ANN_MANAGED_KEYS = "himitsu.io/managed-keys"
-# Beside owned-by: the uid of the HimitsuSecret that wrote the stamps. A name is reused
-# (deleted, created again by someone else); a uid never is, so records (managed-keys,
-# the template ones) and "created for" are trusted only with both (sync.targets).
+# Beside owned-by, the writer's uid: a name is reused, a uid never is (sync.target).
 ANN_OWNER_UID = "himitsu.io/owner-uid"
-# Set once, when the operator creates a Secret: the uid of the HimitsuSecret it created it
-# for. Never written on an update, so no later writer inherits it: "created for" (a Merge
-# without consent, an Owner write, a delete on release) is judged by it alone.
+# The uid a Secret was created for, set on create only: no later writer inherits it.
 ANN_CREATED_FOR = "himitsu.io/created-for"
-# The label and annotation keys the template applied (comma-separated), so a key later
-# removed from the template is removed from the target, and only such a key.
+# The template's label and annotation keys applied, so only those are ever removed.
 ANN_TEMPLATE_LABELS = "himitsu.io/template-labels"
 ANN_TEMPLATE_ANNOTATIONS = "himitsu.io/template-annotations"
-# On a Secret, set by whoever may write it: the HimitsuSecrets ("a,b" or "*") that may
-# merge into it (creationPolicy Merge into a Secret the operator did not create for it).
+# On a Secret, by whoever may write it: the HimitsuSecrets ("a,b" or "*") that may merge in.
 ANN_ALLOW_MERGE_BY = "himitsu.io/allow-merge-by"
 # On the HimitsuSecret: any new value forces one full fetch.
 ANN_FORCE_SYNC = "himitsu.io/force-sync"
-# On a workload's pod template: set to restart it, as `kubectl rollout restart` does.
-ANN_RESTARTED_AT = "himitsu.io/restartedAt"
-# On a workload (its metadata): "<HimitsuSecret>=<data id>,..." the data its pods were
-# started with, set with restartedAt in one patch (sync.restarts).
+ANN_RESTARTED_AT = "himitsu.io/restartedAt"  # on a pod template, as kubectl rollout restart
+# On a workload: "<HimitsuSecret>=<data id>,...", the data its pods started with.
 ANN_STARTED_WITH = "himitsu.io/started-with"
-# On a workload (its metadata), set by its owner: the HimitsuSecrets ("a,b" or "*") that
-# may restart it although its pods do not read their Secret (sync.restarts).
+# On a workload, by its owner: HimitsuSecrets that may restart it although its pods do
+# not read their Secret (sync.restarts).
 ANN_ALLOW_RESTART_BY = "himitsu.io/allow-restart-by"
 # On a target: a random id the operator stamps whenever it writes other bytes.
 ANN_DATA_ID = "himitsu.io/data-id"
-# On a token Secret, set by whoever owns the token: the comma-separated URL prefixes that
-# token may be sent to (narrower than --allowed-api-urls, never wider).
+# On a token Secret, by its owner: URL prefixes the token may go to (narrows, never widens).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
-# kubectl's record of the last ``kubectl apply`` (the whole manifest, values included).
-ANN_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-# Annotations the informers drop from what they cache (``sync.summary``), so a template
-# may not set them: the operator would never see its own stamp on a cached target, and
-# take it for pruned at every poll (a full fetch and a read of the target each time).
+ANN_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # values included
+# Dropped from the informers' cache (sync.summary), so a template may not set them: the
+# operator would take its own stamp for pruned at every poll.
 DROPPED_ANNOTATIONS = frozenset({ANN_LAST_APPLIED})
 
-# Template keys the operator refuses: its own stamps and a token Secret's binding live
-# under himitsu.io/ (so does managed-by's say on who created a Secret). A HimitsuSecret
-# author writing them onto a Merge target could rebind another team's token, or make a
-# Secret look created by the operator (an Owner policy would then replace its data).
+# Template keys refused: written onto a Merge target, the operator's stamps could rebind
+# another team's token or make a Secret look created by the operator.
 _RESERVED_KEY_RE = re.compile(r"^([^/]*[.])?himitsu[.]io/")
-# The token controller's own annotations on service-account token Secrets: a template
-# setting them on a Merge target could make it a token Secret of any ServiceAccount.
+# The token controller's: set on a Merge target, they would make it any ServiceAccount's token.
 _SERVICE_ACCOUNT_PREFIX = "kubernetes.io/service-account."
 
 FORMATS = ("KeyValue", "Dotenv", "Json")
 POLICIES = ("Owner", "Merge")
-DEFAULT_REFRESH_SECONDS = 60.0
 MAX_REFRESH_SECONDS = 366 * 24 * 3600.0
-# The shortest poll cadence (0 aside: sync once). Below it a poll loop would run on the
-# requeue floor, a Himitsu request and a status patch every ~0.1 s, a token's whole
-# budget spent on one object; the CRD says the same in a CEL rule.
+# The shortest poll cadence but 0 (below it a token's whole budget goes to one object).
 MIN_REFRESH_SECONDS = 1.0
 
-# spec.rolloutRestartTargets: the workloads restarted when the target's data changes.
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
 MAX_ROLLOUT_TARGETS = 16
 DEFAULT_MIN_RESTART_SECONDS = 60.0
@@ -104,9 +81,7 @@ _HEX = "[0-9a-fA-F]"
 _UUID_RE = re.compile(rf"^{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DATA_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
-# Kubernetes' qualified names (label and annotation keys) and label values: the CRD
-# types template.labels/annotations as string maps only, and a Secret carrying a bad one
-# would be refused by the apiserver after the fetch rather than reported as the spec error.
+# Label and annotation keys and label values (the CRD types them as plain strings).
 _QUALIFIED_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 MAX_ANNOTATIONS_BYTES = 256 * 1024
@@ -123,19 +98,16 @@ class InvalidSpec(ValueError):
     """The HimitsuSecret cannot be acted on as written; the message says what to change."""
 
 
-def parse_duration(text: str) -> float:
-    """Parse a Go duration string (``0``, ``30s``, ``1m``, ``1h30m``, ``500ms``) into seconds.
-
-    Go's syntax, not ISO 8601, because that is what every Kubernetes user already writes
-    for intervals. Signs are refused: a negative interval has no meaning here.
-    """
+def parse_duration(text: str, what: str = "refreshInterval") -> float:
+    """Seconds of a Go duration (``0``, ``30s``, ``1h30m``, ``500ms``), as Kubernetes users
+    write them; a sign is refused. ``what``: the field the messages name."""
     raw = text.strip()
     if raw in ("0", "+0"):
         return 0.0
     if not raw:
-        raise InvalidSpec("refreshInterval is empty; use a Go duration such as 30s, 1m or 1h")
+        raise InvalidSpec(f"{what} is empty; use a Go duration such as 30s, 1m or 1h")
     if raw.startswith("-"):
-        raise InvalidSpec(f"refreshInterval {_show(raw)} is negative; use 0 to sync once")
+        raise InvalidSpec(f"{what} {_show(raw)} is negative; use 0 to sync once")
     body = raw[1:] if raw.startswith("+") else raw
     total = 0
     pos = 0
@@ -143,22 +115,19 @@ def parse_duration(text: str) -> float:
         match = _DURATION_PART_RE.match(body, pos)
         if match is None:
             raise InvalidSpec(
-                f"refreshInterval {_show(raw)} is not a Go duration; use forms like 30s, 1m, 1h30m"
-            )
+                f"{what} {_show(raw)} is not a Go duration; use forms like 30s, 1m, 1h30m")
         total += _go_part_ns(match.group(1), _UNIT_NS[match.group(2)])
         pos = match.end()
         if total > _GO_MAX_NS:
             break
     if total > MAX_REFRESH_SECONDS * 10**9:
-        raise InvalidSpec(f"refreshInterval {_show(raw)} is longer than a year")
+        raise InvalidSpec(f"{what} {_show(raw)} is longer than a year")
     return total / 10**9
 
 
 def _go_part_ns(number: str, unit: int) -> int:
-    """One ``<number><unit>`` of a duration in nanoseconds exactly as Go's
-    time.ParseDuration (and so the apiserver's CEL duration()) adds it up: the integer
-    part exactly, the fraction's digits while they fit in 63 bits, scaled in float64
-    and truncated: "24h0.1ns" is 24h to both. Above 2**63: Go refuses it."""
+    """One ``<number><unit>`` in nanoseconds exactly as Go's time.ParseDuration (and CEL's
+    duration()) adds it up: "24h0.1ns" is 24h to both; above 2**63 Go refuses it."""
     whole, _, fraction = number.partition(".")
     if len(whole.lstrip("0")) > 19:
         return _GO_MAX_NS + 1  # past int64 (and past Python's int() digit limit)
@@ -255,12 +224,8 @@ class Spec:
     rollout: Rollout = field(default_factory=Rollout)
 
     def source_hash(self) -> str:
-        """Fingerprint of everything that decides which data lands in the target.
-
-        Recorded on the target; a mismatch means the target was written for another
-        source, so a conditional request (whose version belongs to that other source)
-        would be unsafe.
-        """
+        """Fingerprint of what decides the target's data; a target recorded with another
+        was written for another source, and a conditional request would be unsafe."""
         parts = (
             self.api_url, self.project_id.lower(), self.environment_id.lower(),
             self.target.template.format, self.target.template.data_key or "",
@@ -357,10 +322,7 @@ def _parse_rollout(spec: Mapping[str, Any]) -> Rollout:
     text = spec.get("minRestartInterval", "1m")
     if not isinstance(text, str):
         raise InvalidSpec("minRestartInterval must be a string such as 1m")
-    try:
-        window = parse_duration(text)
-    except InvalidSpec as exc:
-        raise InvalidSpec(str(exc).replace("refreshInterval", "minRestartInterval")) from None
+    window = parse_duration(text, "minRestartInterval")
     if window > MAX_MIN_RESTART_SECONDS:
         raise InvalidSpec(f"minRestartInterval {_show(text.strip())} is longer than 24h")
     return Rollout(targets=tuple(found), on_create=on_create, min_interval=window)
@@ -563,13 +525,8 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def data_hash(data: Mapping[str, str]) -> str:
-    """A stable sha256 hex digest of Secret ``data`` (base64 values, as stored).
-
-    The digest is over the JSON text (ASCII, compact) of the list of ``[key, value]``
-    pairs sorted by key: unambiguous for any strings and independent of mapping order.
-    The encoding is part of the contract (hashes may be recorded on objects), so a
-    known-answer test pins it.
-    """
+    """sha256 hex of Secret ``data`` (base64 values): the compact ASCII JSON of its sorted
+    ``[key, value]`` pairs. Recorded on objects, so a known-answer test pins it."""
     pairs = sorted(data.items())
     canonical = json.dumps(pairs, ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()

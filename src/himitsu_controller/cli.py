@@ -1,10 +1,9 @@
 """``himitsu-controller``: flags in, a running Manager out.
 
-This is the only module that knows every layer: it builds the generic runtime
-(informers, controller, leader election, manager), the Himitsu client and the shared
-poller, and plugs the reconciler (``sync/``) into it through the adapter (``kube``).
-Bad flags and an unreachable cluster end in one clear line and a non-zero exit, never a
-traceback, because that line is what an operator sees in ``kubectl logs``.
+The only module that knows every layer: it builds the runtime, the Himitsu client and
+the shared poller, and plugs the reconciler into them through the adapter (``kube``).
+Bad flags and an unreachable cluster end in one line and a non-zero exit, never a
+traceback: that line is what an operator sees in ``kubectl logs``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -43,6 +42,7 @@ from himitsu_controller.runtime.leader.election import (
 from himitsu_controller.runtime.leader.writegate import WriteGate
 from himitsu_controller.runtime.manager import Manager
 from himitsu_controller.runtime.metricsauth import ScrapeAuthorizer, SecureServing, ServingCert
+from himitsu_controller.runtime.parts import LeaderElectionFactory
 from himitsu_controller.runtime.resync import Resync
 from himitsu_controller.sync import allowlist, summary
 from himitsu_controller.sync.polling import pacing, polls
@@ -56,84 +56,57 @@ TARGET_INDEX = "target"
 AUTH_INDEX = "auth-secret-ref"
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 EVENT_QPS, EVENT_BURST = 20.0, 50
-# What deploy/manager/manager.yaml ships in HIMITSU_API_URLS: left as is, the operator
-# refuses to start (`make deploy HIMITSU_API_URLS=...` replaces it).
+# deploy/manager/manager.yaml's HIMITSU_API_URLS: left as is, the operator refuses to start.
 API_URLS_PLACEHOLDER = "REPLACE-WITH-YOUR-HIMITSU-API-URLS"
-# A resync queues every HimitsuSecret at once: a safety net, never the poll schedule
-# (refreshInterval is), so more often than this is refused rather than obeyed.
-MIN_SYNC_PERIOD = 60.0
-# At startup an unreachable apiserver is waited for (with backoff, logged) this long, under
-# the liveness probe's first restart (15 s + 3 x 20 s): no CrashLoopBackOff for a short
-# outage. A pod already running never restarts for one (see runtime/manager.py).
+MIN_SYNC_PERIOD = 60.0  # a resync queues every HimitsuSecret: a safety net, not the schedule
+# An unreachable apiserver is waited for this long at startup, under the liveness probe's
+# first restart (15 s + 3 x 20 s): no CrashLoopBackOff for a short outage.
 STARTUP_API_WAIT = 60.0
 STARTUP_API_BACKOFF = (1.0, 10.0)  # first delay, cap
 WATCH_LIVENESS_MIN = 10.0
+_N = TypeVar("_N", int, float)
 
 
-def _duration(text: str) -> float:
-    """A Go duration (``15s``, ``1m30s``, ``500ms``), as every duration flag takes and shows;
-    0 or more (``-0`` is 0, as in Go)."""
-    bare = text.strip()
-    if bare.lstrip("+-").replace(".", "", 1).isdigit() and float(bare) != 0:  # Go: "0" alone
-        raise argparse.ArgumentTypeError(
-            f"{bare!r} has no unit: write a Go duration such as {bare.lstrip('+-')}s or 1m30s")
-    negative = bare.startswith("-")
-    try:
-        value = api.parse_duration(bare[1:] if negative else bare)
-    except api.InvalidSpec as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("refreshInterval", "duration")) from None
-    if negative and value != 0:
-        raise argparse.ArgumentTypeError(f"{bare!r} is negative: it takes 0 or more, e.g. 30s")
-    return value
-
-
-def _duration_at_least(least: float, *, off: bool) -> Callable[[str], float]:
-    """A duration flag of ``least`` or more (``off``: or 0, which turns it off)."""
+def _duration(least: float = 0.0, *, off: bool = True,
+              too_short: str = "") -> Callable[[str], float]:
+    """A Go duration flag (``15s``, ``1m30s``, ``-0`` is 0 as in Go) of ``least`` or more,
+    or (``off``) 0; ``too_short``: the refusal's words, after the value."""
     allowed = "more than 0" if least == 0 else f"at least {api.format_duration(least)}"
-    allowed = f"0 (off) or {allowed}" if off else allowed
+    too_short = too_short or f"is too short: it takes {f'0 (off) or {allowed}' if off else allowed}"
 
     def parse(text: str) -> float:
-        value = _duration(text)
-        if value == 0 and off:
-            return value
-        if value <= 0 or value < least:
-            raise argparse.ArgumentTypeError(f"{text.strip()!r} is too short: it takes {allowed}")
+        bare = text.strip()
+        if bare.lstrip("+-").replace(".", "", 1).isdigit() and float(bare) != 0:  # Go: "0" only
+            raise argparse.ArgumentTypeError(
+                f"{bare!r} has no unit: write a Go duration such as {bare.lstrip('+-')}s or 1m30s")
+        try:
+            value = api.parse_duration(bare.removeprefix("-"), what="duration")
+        except api.InvalidSpec as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if bare.startswith("-") and value != 0:
+            raise argparse.ArgumentTypeError(f"{bare!r} is negative: it takes 0 or more, e.g. 30s")
+        if (value == 0 and not off) or 0 < value < least:
+            raise argparse.ArgumentTypeError(f"{bare!r} {too_short}")
         return value
 
     return parse
 
 
-_positive_duration = _duration_at_least(0, off=False)
+def _positive(kind: type[_N]) -> Callable[[str], _N]:
+    """A flag of ``kind`` (int or float) greater than 0."""
+    noun = "a whole number" if kind is int else "a number"
+    floor = "at least 1" if kind is int else "greater than 0"
 
+    def parse(text: str) -> _N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be {floor}")
+        return value
 
-def _sync_period(text: str) -> float:
-    value = _duration(text)
-    if 0 < value < MIN_SYNC_PERIOD:
-        raise argparse.ArgumentTypeError(
-            f"{text.strip()!r} is shorter than 1m: the resync queues every HimitsuSecret, a "
-            "safety net and not the poll schedule (refreshInterval is); use 1m or more, "
-            "or 0 to turn it off")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be greater than 0")
-    return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,8 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default=None,
                    help="watch only this namespace (a namespaced Role then suffices); "
                         "default: all namespaces")
-    p.add_argument("--workers", type=_positive_int, default=8, help="concurrent reconciles")
-    p.add_argument("--sync-period", type=_sync_period, default="10h", metavar="DURATION",
+    p.add_argument("--workers", type=_positive(int), default=8, help="concurrent reconciles")
+    p.add_argument("--sync-period", type=_duration(MIN_SYNC_PERIOD, too_short=(
+                       "is shorter than 1m: the resync queues every HimitsuSecret, a safety net "
+                       "and not the poll schedule (refreshInterval is); use 1m or more, or 0 to "
+                       "turn it off")), default="10h", metavar="DURATION",
                    help="every HimitsuSecret is reconciled again at least this often, as a "
                         "safety net (controller-runtime's SyncPeriod); an object whose poll "
                         "is not due costs nothing; at least 1m, 0 disables")
@@ -162,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--leader-election-id", default=LEASE_NAME, help="name of the Lease")
     # Duration defaults are strings: argparse parses them like the command line, and the
     # help then shows them as a user writes them (15s, not 15.0).
-    le.add_argument("--leader-election-lease-duration", type=_positive_duration, default="15s",
+    le.add_argument("--leader-election-lease-duration", type=_duration(off=False), default="15s",
                     metavar="DURATION", help="how long a standby waits before taking over")
-    le.add_argument("--leader-election-renew-deadline", type=_positive_duration, default="10s",
+    le.add_argument("--leader-election-renew-deadline", type=_duration(off=False), default="10s",
                     metavar="DURATION", help="how long the leader retries renewing")
-    le.add_argument("--leader-election-retry-period", type=_positive_duration, default="2s",
+    le.add_argument("--leader-election-retry-period", type=_duration(off=False), default="2s",
                     metavar="DURATION", help="interval between acquire/renew attempts")
     ops = p.add_argument_group("serving and limits")
     ops.add_argument("--metrics-bind-address", default=":8080",
@@ -180,17 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "Secret, e.g. from cert-manager); read again when they change")
     ops.add_argument("--health-probe-bind-address", default=":8081",
                      help="address for /healthz and /readyz; '0' disables")
-    ops.add_argument("--graceful-shutdown-timeout", type=_duration, default="30s",
+    ops.add_argument("--graceful-shutdown-timeout", type=_duration(), default="30s",
                      metavar="DURATION", help="bound on the whole shutdown: draining in-flight "
                      "reconciles, flushing Events, releasing the Lease, stopping watches")
     ops.add_argument("--watch-liveness-timeout", default="5m", metavar="DURATION",
-                     type=_duration_at_least(WATCH_LIVENESS_MIN, off=True),
+                     type=_duration(WATCH_LIVENESS_MIN),
                      help="/healthz fails (the kubelet restarts the pod) once the apiserver "
                           "has answered this long without a working watch for a cache (an "
                           "unreachable apiserver does not count); at least 10s, 0 disables")
-    ops.add_argument("--kube-api-qps", type=_positive_float, default=150.0,
+    ops.add_argument("--kube-api-qps", type=_positive(float), default=150.0,
                      help="client-side request rate limit towards kube-apiserver")
-    ops.add_argument("--kube-api-burst", type=_positive_int, default=300,
+    ops.add_argument("--kube-api-burst", type=_positive(int), default=300,
                      help="client-side burst towards kube-apiserver")
     ops.add_argument("--list-pages", choices=LIST_PAGES, default="auto",
                      help="list in pages from the watch cache: auto = on kube-apiserver"
@@ -230,50 +206,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int:
     allowed = _allowed_api_urls(args)
-    workers = args.workers
-    # With leader election, writes (reconciles' and Events') go out only while the gate
-    # says this replica holds the Lease (runtime/leader/writegate.py).
+    # With leader election, reconcile writes and Events go out only while the gate says
+    # this replica holds the Lease (runtime/leader/writegate.py).
     gate = WriteGate() if args.leader_elect else None
-    # One configuration, and so one set of credentials (one credential plugin run), for
-    # the three clients.
-    config = load_client_config(args.kubeconfig)
+    config = load_client_config(args.kubeconfig)  # one set of credentials for every client
     secure = _metrics_secure(args, config)  # bad flags or certificate: before any waiting
     # Each watch holds a pooled connection for its life: two informers, workers, slack.
-    rest = RestClient(
-        new_api_client(config, pool_maxsize=workers + 8),
-        qps=args.kube_api_qps, burst=args.kube_api_burst,
-        user_agent=f"himitsu-controller/{__version__}", write_gate=gate,
-    )
-    election = (_leader_election(elector_client(config), args, gate)
-                if gate is not None else None)  # bad flags stop us before any waiting
+    rest = RestClient(new_api_client(config, pool_maxsize=args.workers + 8),
+                      qps=args.kube_api_qps, burst=args.kube_api_burst,
+                      user_agent=_user_agent(""), write_gate=gate)
+    election = _leader_election(elector_client(config), args, gate) if gate else None
     _check_reachable(rest, args.namespace, stop=stop)
-    # Lists in pages where the watch cache serves them so: a restart's first lists are
-    # never decoded whole (runtime/cache/pager.py).
-    snapshots = lists_from_snapshots(rest, pages=args.list_pages)
+    snapshots = lists_from_snapshots(rest, pages=args.list_pages)  # runtime/cache/pager.py
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
         indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},
         transform=summary.himitsu_secret, shared=summary.SHARED, list_snapshots=snapshots,
     )
-    # Summaries, never values: a write reads its target afresh (sync/summary.py).
-    secrets = Informer(
+    secrets = Informer(  # summaries, never values: a write reads its target afresh
         rest, kube.SECRETS, namespace=args.namespace, name="secrets",
         label_selector=f"{api.LABEL_MANAGED}=true", transform=summary.secret,
         shared=summary.SHARED, list_snapshots=snapshots,
         indexers={kube.OWNER_INDEX: kube.owner_uids},
     )
-    # One line per API key and URL: the poller's first attempts and the client's retries.
-    pacer = pacing.Pacer()
+    pacer = pacing.Pacer()  # one line per API key and URL, first attempts and retries
     metrics.report_headroom(pacer.headroom)
     client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request,
                                    pacing=pacer)
-    # Events have their own client and limiter, as in client-go: they are best-effort and
-    # must neither delay a reconcile nor spend the budget its writes need (a cold sync of
-    # 1,000 HimitsuSecrets writes 1,000 Events).
+    # Events have their own client and limiter, as in client-go: best-effort, they must
+    # neither delay a reconcile nor spend its writes' budget (a cold sync writes 1 Event each).
     recorder = EventRecorder(
-        RestClient(new_api_client(config, pool_maxsize=2),
-                   qps=EVENT_QPS, burst=EVENT_BURST, write_gate=gate,
-                   user_agent=f"himitsu-controller/{__version__} events"),
+        RestClient(new_api_client(config, pool_maxsize=2), qps=EVENT_QPS, burst=EVENT_BURST,
+                   write_gate=gate, user_agent=_user_agent("events")),
         component=kube.COMPONENT, reporting_controller=kube.REPORTING_CONTROLLER,
         instance=socket.gethostname(),
     )
@@ -284,16 +248,14 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         kube_client, polls.SharedPoller(client, pacer=pacer), allowed_api_urls=allowed,
         allow_insecure_http=args.allow_insecure_http,
     )
-    ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=workers)
+    ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=args.workers)
     _wire_events(ctrl, hsecs, secrets)
     manager = Manager(
         metrics_bind_address=args.metrics_bind_address,
         health_probe_bind_address=args.health_probe_bind_address,
-        leader_election=election,
-        graceful_shutdown_timeout=args.graceful_shutdown_timeout,
-        events=recorder,
-        watch_liveness_timeout=args.watch_liveness_timeout,
-        metrics_secure=secure,
+        leader_election=election, graceful_shutdown_timeout=args.graceful_shutdown_timeout,
+        events=recorder,  # started by the manager, flushed once the workers stopped
+        watch_liveness_timeout=args.watch_liveness_timeout, metrics_secure=secure,
     )
     manager.add_informer(hsecs)
     manager.add_informer(secrets)
@@ -302,19 +264,20 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         manager.add_runnable(
             "resync", Resync(hsecs.store.keys, ctrl.enqueue_after, period=args.sync_period).run)
     log.info("starting", version=__version__, namespace=args.namespace or "*",
-             leader_elect=args.leader_elect, workers=workers)
-    # The manager starts the recorder, and flushes it once the workers that feed it stopped.
+             leader_elect=args.leader_elect, workers=args.workers)
     try:
         return manager.run(stop)
     finally:
         client.close()
 
 
+def _user_agent(role: str) -> str:
+    return f"himitsu-controller/{__version__} {role}".rstrip()
+
+
 def _allowed_api_urls(args: argparse.Namespace) -> list[str]:
-    """The --allowed-api-urls entries, checked: ConfigError (one line, exit 1) for the
-    install placeholder, a list with no entry, an entry that is not a URL, or plain http
-    without the flag. Unrestricted only when the flag is absent: an empty value is an
-    install gone wrong (``make deploy HIMITSU_API_URLS=,``), never a choice."""
+    """The checked --allowed-api-urls entries, else ConfigError. Unrestricted only when the
+    flag is absent: an empty value is an install gone wrong (``HIMITSU_API_URLS=,``)."""
     given: str | None = args.allowed_api_urls
     entries = [e.strip() for e in (given or "").split(",") if e.strip()]
     if given is not None and not entries:
@@ -357,33 +320,27 @@ def _metrics_secure(args: argparse.Namespace, config: ClientConfig) -> SecureSer
         raise ConfigError(f"--metrics-cert-dir {args.metrics_cert_dir}: cannot load tls.crt "
                           f"and tls.key ({exc.strerror or type(exc).__name__})") from None
     reviews = RestClient(new_api_client(config, pool_maxsize=4, retries=0), max_retries=0,
-                         user_agent=f"himitsu-controller/{__version__} metrics-auth")
+                         user_agent=_user_agent("metrics-auth"))
     return SecureServing(tls=cert.current, authorize=ScrapeAuthorizer(reviews).authorize)
 
 
 def elector_client(config: ClientConfig) -> RestClient:
-    """The elector's own client: a renewal never waits behind reconcile traffic in the
-    rate limiter, nothing retries behind its back (no urllib3 retry, no 429 sleep), and
-    each request's timeout bounds the whole request (not each socket operation), so each
-    request of a renewal keeps to the renew deadline."""
+    """The elector's own client: never behind reconcile traffic in the limiter, no retry
+    behind its back, and a deadline on each whole request, so a renewal keeps to the renew
+    deadline."""
     return RestClient(new_api_client(config, pool_maxsize=2, retries=0), max_retries=0,
-                      request_deadlines=True,
-                      user_agent=f"himitsu-controller/{__version__} leader-election")
+                      request_deadlines=True, user_agent=_user_agent("leader-election"))
 
 
 def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
-    """Enqueue rules: spec changes and force-sync, and any event on a target Secret.
-
-    Status writes change neither generation nor annotations, so our own status patches
-    never trigger a reconcile. When a HimitsuSecret goes away, the others naming the same
-    target are woken: one of them may have lost a TargetConflict to it.
-    """
+    """Enqueue on spec changes, force-sync and any event on a target Secret (never on our
+    own status writes); a deleted HimitsuSecret wakes the others naming its target."""
     _attach(hsecs, handler.enqueue_for_object(
         ctrl, update_predicate=handler.any_of(
             handler.generation_changed, handler.annotation_changed(api.ANN_FORCE_SYNC)),
     ))
 
-    def wake_rivals(obj: dict[str, Any]) -> None:
+    def wake_rivals(obj: dict[str, Any]) -> None:  # one may have lost a TargetConflict
         for key in _target_index(obj):
             for rival in hsecs.store.by_index(TARGET_INDEX, key):
                 ctrl.enqueue(handler.object_key(rival))
@@ -399,11 +356,8 @@ def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
 
 
 def _forget_tokens_with_their_users(hsecs: Informer, kube_client: kube.KubeClient) -> None:
-    """A token value stays cached only while some HimitsuSecret names its Secret and key.
-
-    The store has already dropped (or replaced) the object when these handlers run, so
-    the index answers whether anything else still names that token.
-    """
+    """A token value stays cached only while some HimitsuSecret names its Secret and key
+    (the store has already dropped or replaced the object when these handlers run)."""
     def still_named(ref: str) -> bool:
         return bool(hsecs.store.by_index(AUTH_INDEX, ref))
 
@@ -424,7 +378,8 @@ def _target_index(obj: dict[str, Any]) -> list[str]:
     return [f"{namespace}/{target}"] if isinstance(target, str) and target else []
 
 
-def _leader_election(rest: RestClient, args: argparse.Namespace, gate: WriteGate) -> Any:
+def _leader_election(rest: RestClient, args: argparse.Namespace,
+                     gate: WriteGate) -> LeaderElectionFactory:
     namespace = args.leader_election_namespace or _pod_namespace() or "default"
     try:  # the config's own checks (client-go's), as one line
         config = LeaderElectionConfig(
@@ -435,12 +390,8 @@ def _leader_election(rest: RestClient, args: argparse.Namespace, gate: WriteGate
         )
     except ValueError as exc:  # e.g. a lease duration that is not whole seconds
         raise ConfigError(f"--leader-election-*: {exc}") from None
-
-    def factory(on_started: Any, on_stopped: Any) -> LeaderElector:
-        return LeaderElector(rest, config, on_started_leading=on_started,
-                             on_stopped_leading=on_stopped, gate=gate)
-
-    return factory
+    return lambda started, stopped: LeaderElector(
+        rest, config, on_started_leading=started, on_stopped_leading=stopped, gate=gate)
 
 
 def _pod_namespace() -> str | None:
@@ -456,9 +407,8 @@ def _pod_namespace() -> str | None:
 def _check_reachable(rest: RestClient, namespace: str | None, *,
                      stop: threading.Event | None = None,
                      clock: Callable[[], float] = time.monotonic) -> None:
-    """One line and exit when our CRD is not there or we are refused (401, 403); while the
-    apiserver is unreachable or answers 5xx/429, wait for it with a backoff for up to
-    STARTUP_API_WAIT, saying why in the log, then give up the same way."""
+    """ConfigError or ApiError at once without our CRD or when refused (401, 403); while the
+    apiserver is unreachable or answers 5xx/429, wait with a backoff up to STARTUP_API_WAIT."""
     path = kube.HIMITSU_SECRETS.path(namespace)
     pause = stop or threading.Event()
     deadline = clock() + STARTUP_API_WAIT

@@ -6,56 +6,5 @@ or of the controller runtime, so it can be tested (and reused) with ``responses`
 transport, ``wire`` the reading of answers (envelope, ETag, rate-limit headers).
 """
 
-from himitsu_controller.himitsu.client import (
-    OUTCOMES,
-    TOKEN_PATTERN,
-    USER_AGENT,
-    BadRequest,
-    Fetched,
-    FetchResult,
-    Forbidden,
-    HimitsuClient,
-    HimitsuError,
-    InvalidInput,
-    InvalidToken,
-    NotFound,
-    NotModified,
-    Pacing,
-    RateLimited,
-    ServerError,
-    TransportError,
-    Unauthorized,
-    Undecodable,
-    UnexpectedStatus,
-    pacing_key,
-    source_fingerprint,
-    validate_api_url,
-    validate_token,
-)
-
-__all__ = [
-    "OUTCOMES",
-    "TOKEN_PATTERN",
-    "USER_AGENT",
-    "BadRequest",
-    "FetchResult",
-    "Fetched",
-    "Forbidden",
-    "HimitsuClient",
-    "HimitsuError",
-    "InvalidInput",
-    "InvalidToken",
-    "NotFound",
-    "NotModified",
-    "Pacing",
-    "RateLimited",
-    "ServerError",
-    "TransportError",
-    "Unauthorized",
-    "Undecodable",
-    "UnexpectedStatus",
-    "pacing_key",
-    "source_fingerprint",
-    "validate_api_url",
-    "validate_token",
-]
+from himitsu_controller.himitsu.client import *  # noqa: F403 (the surface is client.__all__)
+from himitsu_controller.himitsu.client import __all__ as __all__

@@ -48,7 +48,10 @@ TOKEN_PATTERN = re.compile(r"^himi_[0-9a-f]{16}_[A-Za-z0-9_-]{43}$")
 OUTCOMES = ("200", "304", "4xx", "429", "5xx", "transport_error", "other")
 
 _log = structlog.get_logger(__name__)
-_TOKEN_LENGTH = 65
+# Nothing of the value, not even its length: whoever may create a HimitsuSecret but not
+# read the token Secret would learn it (a shape to guess, a truncation to spot).
+_NOT_AN_API_KEY = ("token is not a Himitsu API key (expected himi_<16 hex>_<43 base64url>, 65 "
+                   "characters; check for a truncated or padded paste)")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _NETLOC = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|[A-Za-z0-9._-]+)(?::[0-9]*)?")
@@ -159,42 +162,27 @@ FetchResult = Fetched | NotModified
 
 
 class Pacing(Protocol):
-    """Injected per-attempt hook (``sync.polling.pacing.Pacer`` in the operator): Himitsu counts
-    every attempt against the key's budget, a retry inside a fetch included, and tells
-    what is left in the ``RateLimit-*`` headers of every answer.
-
-    The first attempt of a fetch is the caller's to pace (only the caller can put a
-    request back in line without holding a worker); every retry reserves its own place
-    here. ``key`` is ``pacing_key(api_url, token)``: one API key at one API URL."""
+    """Per-attempt hook (``sync.polling.pacing.Pacer``): Himitsu counts every attempt, a
+    retry included, against the key's budget. The first attempt is the caller's to pace;
+    each retry reserves its place here. ``key`` is ``pacing_key(api_url, token)``."""
 
     def reserve_retry(
         self, api_url: str, key: str, *, earliest: float, latest: float,
     ) -> float | None:
-        """Reserve a place for a retry no sooner than ``earliest`` s from now: the seconds
-        to wait for it, or None (nothing reserved) when none is free before ``latest``."""
+        """Seconds to wait for a place at least ``earliest`` away; None: none before ``latest``."""
         ...
 
     def answered(
         self, api_url: str, key: str, limits: wire.RateLimits, *, elapsed: float,
     ) -> None:
-        """An answer carried rate-limit headers; ``elapsed``: seconds since its attempt
-        was sent."""
+        """An answer ``elapsed`` s after its attempt was sent carried rate-limit headers."""
         ...
 
 
 def validate_api_url(url: str) -> str:
-    """Return the normalised API base URL (lowercase scheme and host, no default port,
-    no trailing slash) or raise InvalidInput. The URL is never echoed: it might hold
-    credentials. The CRD's rules, again: objects can skip its validation, and its pattern
-    admits URLs no parser makes sense of (``http://[::1``).
-
-    The result is the URL requested, byte for byte, with the API path appended: its path
-    is plain segments that neither requests nor a server rewrites, so a prefix matched
-    on it (``--allowed-api-urls``) is the prefix the request goes to. Anything a client
-    or a server would normalise away (``.`` and ``..`` segments, empty segments,
-    percent-encoding, which requests decodes for ``%2e``, backslashes, ``;`` path
-    parameters) is refused, not resolved: ``/himitsu/../elsewhere`` walks out of
-    ``/himitsu``, and ``/himitsu/%2e%2e/elsewhere`` too, once a server decodes it."""
+    """The normalised API base URL (lowercase scheme and host, no default port, no trailing
+    slash), byte for byte the URL requested, or InvalidInput (never echoing the URL).
+    Anything a client or server would rewrite (``..``, percent-encoding) is refused."""
     candidate = url.strip() if isinstance(url, str) else ""
     if not candidate:
         raise InvalidInput("apiUrl is empty")
@@ -242,27 +230,15 @@ def _host_is_valid(netloc: str) -> bool:
         return False
 
 
-def _token_problem(candidate: str) -> str | None:
-    if TOKEN_PATTERN.fullmatch(candidate):
-        return None
-    # Nothing of the value, not even its length: whoever may create a HimitsuSecret but
-    # not read the token Secret would learn it (a shape to guess, a truncation to spot).
-    return (
-        "token is not a Himitsu API key (expected himi_<16 hex>_<43 base64url>, "
-        f"{_TOKEN_LENGTH} characters; check for a truncated or padded paste)"
-    )
-
-
 def validate_token(token: str) -> str:
     """Return the token without surrounding whitespace, or raise InvalidToken."""
     candidate = token.strip() if isinstance(token, str) else ""
-    problem = _token_problem(candidate)
-    if problem is None:
+    if TOKEN_PATTERN.fullmatch(candidate):
         return candidate
     # Raise from a frame that no longer holds the credential: a traceback rendered with
     # locals (structlog's dict_tracebacks does that by default) must not show it.
     del token, candidate
-    raise InvalidToken(problem)
+    raise InvalidToken(_NOT_AN_API_KEY)
 
 
 def _validate_id(name: str, value: str) -> str:
@@ -382,14 +358,13 @@ class HimitsuClient:
         sent as If-None-Match: version 0, an empty environment, answers 304 too). Raises a
         HimitsuError subclass for everything else."""
         candidate = token.strip() if isinstance(token, str) else ""
-        problem = _token_problem(candidate)
-        auth = BearerAuth(candidate) if problem is None else None
+        auth = BearerAuth(candidate) if TOKEN_PATTERN.fullmatch(candidate) else None
         digest = _token_digest(candidate)
         # From here on the token lives only in `auth`, whose repr is redacted: no frame
         # of this call shows it in a traceback rendered with locals.
         del token, candidate
         if auth is None:
-            raise InvalidToken(problem or "token is not a Himitsu API key")
+            raise InvalidToken(_NOT_AN_API_KEY)
         base = validate_api_url(api_url)
         project = quote(_validate_id("projectId", project_id), safe="")
         environment = quote(_validate_id("environmentId", environment_id), safe="")
