@@ -1,11 +1,10 @@
 """One overall deadline for an HTTP request, for every client: the apiserver's and Himitsu's.
 
-* urllib3's timeouts bound each socket operation, never a whole request: a peer that
-  trickles its answer, a hung connection, a send on a full buffer outlive any "timeout".
-* ``within(seconds)`` runs the block's requests under one ``Deadline``; when it passes, one
-  watchdog thread resets every connection they use (a late connect sends nothing).
-* Requests join through connection pools of ``POOL_CLASSES`` (urllib3 2.x). A leaf
-  module: it imports nothing of the package, so every layer may use it.
+* urllib3's timeouts bound each socket operation, never a whole request (a trickle, a
+  hung connection, a send on a full buffer outlive any "timeout").
+* ``within(seconds)`` runs the block's requests, on ``POOL_CLASSES`` pools, under one
+  ``Deadline``; when it passes, a watchdog thread resets their connections.
+* A leaf: it imports nothing of the package, so every layer may use it.
 
 Design: docs/design/deadlines.md
 """
@@ -27,9 +26,6 @@ from typing import Any
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-
-__all__ = ["POOL_CLASSES", "Deadline", "DeadlineExceeded", "DeadlineHTTPConnectionPool",
-           "DeadlineHTTPSConnectionPool", "within"]
 
 # After firing, connections still being made are looked at again this often.
 _RECHECK = 0.05
@@ -59,16 +55,19 @@ def _reset_now(sock: socket.socket) -> bool:
     return int(_LIBC.connect(fd, ctypes.byref(_UNSPEC), ctypes.sizeof(_UNSPEC))) == 0
 
 
-def _abort(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
-    with contextlib.suppress(OSError, ValueError):
-        if _reset_now(sock):
-            return
-    with contextlib.suppress(OSError, ValueError):
-        # The plain socket's shutdown, also for an SSLSocket: its own drops the SSL
-        # object under the thread that is using it.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+def _abort(*conns: Any) -> None:
+    for sock in (getattr(conn, "sock", None) for conn in conns):
+        if sock is None:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
+        with contextlib.suppress(OSError, ValueError):
+            if _reset_now(sock):
+                continue
+        with contextlib.suppress(OSError, ValueError):
+            # The plain socket's shutdown, also for an SSLSocket: its own drops the SSL
+            # object under the thread that is using it.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class Deadline:
@@ -76,14 +75,10 @@ class Deadline:
 
     def __init__(self, at: float) -> None:
         self.at = at
+        self.expired = False  # the watchdog (or finish) aborted the request
         self._lock = threading.Lock()
         self._conns: list[Any] = []
-        self._expired = False
         self._finished = False
-
-    @property
-    def expired(self) -> bool:
-        return self._expired
 
     def attach(self, conn: Any) -> None:
         with self._lock:
@@ -94,10 +89,8 @@ class Deadline:
         """Right after a connection was made: abort it if the deadline passed meanwhile."""
         if time.monotonic() >= self.at:
             with self._lock:
-                self._expired = True
-            sock = getattr(conn, "sock", None)
-            if sock is not None:
-                _abort(sock)
+                self.expired = True
+            _abort(conn)
             raise DeadlineExceeded("connected after the request's deadline")
 
     def fire(self) -> bool:
@@ -105,30 +98,20 @@ class Deadline:
         with self._lock:
             if self._finished:
                 return False
-            self._expired = True
-            for conn in self._conns:
-                sock = getattr(conn, "sock", None)
-                if sock is not None:
-                    _abort(sock)
+            self.expired = True
+            _abort(*self._conns)
             return True
 
     def finish(self) -> bool:
-        """The request is over: the watchdog leaves it alone. True if it fired.
-
-        A request that ends at or past its deadline without the watchdog having fired
-        (its thread starved on a loaded machine) is aborted here, so a connection still
-        holding its bytes is reset rather than left to deliver them later.
-        """
+        """The request is over: the watchdog leaves it alone. True if it fired. One past its
+        deadline that the watchdog missed (starved) is aborted here all the same."""
         with self._lock:
             self._finished = True
-            if not self._expired and time.monotonic() >= self.at:
-                self._expired = True
-                for conn in self._conns:
-                    sock = getattr(conn, "sock", None)
-                    if sock is not None:
-                        _abort(sock)
+            if not self.expired and time.monotonic() >= self.at:
+                self.expired = True
+                _abort(*self._conns)
             self._conns.clear()
-            return self._expired
+            return self.expired
 
 
 class _Watchdog:
@@ -140,10 +123,8 @@ class _Watchdog:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def arm(self, deadline: Deadline) -> None:
-        self._push(deadline.at, deadline)
-
-    def _push(self, at: float, deadline: Deadline) -> None:
+    def arm(self, deadline: Deadline, at: float | None = None) -> None:
+        at = deadline.at if at is None else at
         with self._cond:
             heapq.heappush(self._heap, (at, next(self._seq), deadline))
             if self._thread is None:
@@ -168,7 +149,7 @@ class _Watchdog:
                     self._cond.wait(wait)
                 _, _, deadline = heapq.heappop(self._heap)
             if deadline.fire():  # a connection may still be in the making: look again
-                self._push(time.monotonic() + _RECHECK, deadline)
+                self.arm(deadline, time.monotonic() + _RECHECK)
 
 
 _WATCHDOG = _Watchdog()

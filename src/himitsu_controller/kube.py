@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -83,13 +84,13 @@ def token_refs(obj: Mapping[str, Any]) -> list[str]:
     return [f"{namespace}/{name}/{key}"]
 
 
+@dataclass
 class _Reader:
     """One token's reader lock and how many threads hold or wait for it."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-        self.forgets = 0  # forgets of this token while it lives: a read then keeps nothing
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+    forgets: int = 0  # forgets of this token while it lives: a read then keeps nothing
 
 
 class KubeClient:
@@ -160,19 +161,14 @@ class KubeClient:
         self, namespace: str, name: str, key: str, *, for_url: str | None = None,
         max_age: float | None = None,
     ) -> SecretValue:
-        """The value and the Secret's binding, cached for ``token_ttl``; read afresh when
-        the value is to go to a ``for_url`` it has not gone to before (since the cache
-        was last dropped), so a binding added or narrowed since the cached read counts
-        at once for a new apiUrl. Polls of a known apiUrl cost no request. ``max_age``
-        shortens the TTL for this read (a refused token's replacement is looked for):
-        the readers of one token Secret still share one GET."""
+        """The value and the Secret's binding, cached for ``token_ttl`` (``max_age``: shorter
+        for this read), read afresh before it first goes to a ``for_url``, so a binding
+        changed since counts at once for a new apiUrl. Readers of one Secret share a GET."""
         ident = (namespace, name, key)
         cached = self._cached_value(ident, for_url, max_age)
         if cached is not None:
             return cached
-        # One reader per token Secret at a time: the readers of one token come due
-        # together (they share a Himitsu poll), and each worker that missed the cache at
-        # that moment used to send its own GET (16 for one Secret after a restart).
+        # One reader per token at a time: its readers come due together (a shared poll).
         with self._reader(ident) as reader:
             cached = self._cached_value(ident, for_url, max_age)
             if cached is not None:
@@ -287,17 +283,8 @@ class KubeClient:
             raise _kube_error(exc, f"creating Secret {name!r}") from None
 
     def dry_run_create_secret(self, namespace: str, body: dict[str, Any]) -> None:
-        """Ask the apiserver whether it would create ``body`` (``?dryRun=All``: admission
-        and validation run, nothing is stored; the ``create`` verb, nothing more).
-
-        Under the Secret's real name, so admission sees what the real create will send.
-        While the old Secret of that name exists the answer is 409 AlreadyExists, which
-        the apiserver only gives after mutating admission, validation and validating
-        admission have all accepted the object: the replacement would be created. Only
-        the apiserver's own AlreadyExists counts (details naming this Secret, its own
-        message): a webhook may deny with code 409 and reason AlreadyExists too, and
-        that is a refusal like any other.
-        """
+        """Whether the apiserver would create ``body`` (``?dryRun=All``, under its real name):
+        KubeError if not. Its own 409 AlreadyExists (docs/design/adapter.md) is a yes."""
         name = body["metadata"]["name"]
         try:
             self._request("POST", SECRETS.path(namespace), query={"dryRun": "All"},
@@ -333,11 +320,9 @@ class KubeClient:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
                      uid: str = "") -> None:
-        """``status`` (None: a field to remove). With ``uid``, only that object's: a JSON
-        patch whose first op tests ``metadata.uid`` (refused with 422 for a namesake
-        created since the informer saw the object) and then puts the whole status. A
-        merge patch's ``metadata.uid`` is no precondition on the status subresource (the
-        CRD status strategy keeps the stored metadata: checked on kube-apiserver 1.36)."""
+        """``status`` (None: a field to remove). With ``uid``, only that object's: a JSON patch
+        testing ``metadata.uid`` first (422 for a namesake), then putting the whole status
+        (a merge patch's uid is no precondition on the status subresource)."""
         if uid:
             body: Any = [
                 {"op": "test", "path": "/metadata/uid", "value": uid},
@@ -367,10 +352,9 @@ class KubeClient:
         self, namespace: str, kind: str, name: str, *, resource_version: str,
         annotations: Mapping[str, str], template: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """What ``kubectl rollout restart`` does, under our own annotation, with the
-        workload's record beside it: one strategic merge patch, so the workload's own
-        strategy, PodDisruptionBudgets and readiness gates pace the rollout. The
-        resourceVersion in the body is a precondition (409 when it moved on)."""
+        """``kubectl rollout restart`` under our annotation, the workload's record beside it,
+        in one strategic merge patch (its strategy paces the rollout); the resourceVersion
+        is a precondition (409 when it moved on)."""
         body: dict[str, Any] = {"metadata": {"resourceVersion": resource_version,
                                              "annotations": dict(annotations)}}
         if template:
@@ -406,18 +390,16 @@ class KubeClient:
 
 
 def _name_taken(exc: ApiError, name: str) -> bool:
-    """The apiserver's own 409 for a create whose name is taken. A webhook's denial may
-    carry the same code, reason and even details, but never this message: the apiserver
-    prefixes a webhook's text with ``admission webhook "..." denied the request``."""
+    """The apiserver's own 409 for a taken name: a webhook's denial may carry the same code,
+    reason and details, never this message (the apiserver prefixes a webhook's text)."""
     return (exc.status == 409 and exc.reason == "AlreadyExists"
             and exc.details.get("kind") == "secrets" and exc.details.get("name") == name
             and exc.message == f'secrets "{name}" already exists')
 
 
 def _kube_error(exc: ApiError, doing: str) -> KubeError:
-    """A safe, actionable message: status and reason, plus the (redacted) text for
-    denials, conflicts and validation errors: field paths and keys, who denied, never a
-    Secret value (``runtime.apierrors.redact_values``)."""
+    """Status and reason, plus the (redacted: never a Secret value) text of a denial, a
+    conflict or a validation error."""
     text = f"{doing} failed: {exc.status} {exc.reason or 'error'}".rstrip()
     if exc.status in (403, 409, 422) and exc.message:
         text += f": {str(exc.message)[:_SHOWN_MESSAGE]}"
@@ -425,9 +407,8 @@ def _kube_error(exc: ApiError, doing: str) -> KubeError:
 
 
 def _object_of(path: str) -> str:
-    """What a request path names after its namespace: ``secrets`` (a create),
-    ``secrets/app`` or ``himitsusecrets/app/status``. The namespace is the HimitsuSecret's
-    own, so a status message needs only this part."""
+    """What a path names after its (the HimitsuSecret's own) namespace: ``secrets``,
+    ``secrets/app`` or ``himitsusecrets/app/status``."""
     _, found, rest = path.partition("/namespaces/")
     return rest.partition("/")[2] if found else path.rstrip("/").rsplit("/", 1)[-1]
 

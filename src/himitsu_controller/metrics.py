@@ -13,6 +13,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -71,107 +72,81 @@ poll_lateness = Histogram(
     registry=REGISTRY,
 )
 
-LagSource = Callable[[], tuple[float, int, float]]
+_T = TypeVar("_T")
 
 
-class _LagCollector(Collector):
-    """``himitsu_poll_lag_seconds``, ``himitsu_polls_overdue`` and
-    ``himitsu_poll_lag_intervals`` from the reconciler at
-    scrape time. One source, the latest reconciler, held weakly (a process has one;
-    tests build many)."""
+class _SourceCollector(Collector, Generic[_T]):
+    """Gauges computed at scrape time by ``families`` from the latest source's reading
+    (``idle`` without one), the source held weakly: a process has one, tests build many."""
 
-    def __init__(self) -> None:
+    def __init__(self, families: Callable[[_T], list[GaugeMetricFamily]], idle: _T) -> None:
+        self._families, self._idle = families, idle
         self._lock = threading.Lock()
-        self._source: Callable[[], LagSource | None] = lambda: None
+        self._source: Callable[[], Callable[[], _T] | None] = lambda: None
 
-    def watch(self, source: LagSource) -> None:
-        ref: Callable[[], LagSource | None] = (
-            weakref.WeakMethod(source) if hasattr(source, "__self__")
-            else lambda: source)
+    def watch(self, source: Callable[[], _T]) -> None:
+        ref: Callable[[], Callable[[], _T] | None] = (
+            weakref.WeakMethod(source) if hasattr(source, "__self__") else lambda: source)
         with self._lock:
             self._source = ref
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
-        return self._families(0.0, 0, 0.0)
+        return self._families(self._idle)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         with self._lock:
             source = self._source()
-        return self._families(*(source() if source is not None else (0.0, 0, 0.0)))
-
-    @staticmethod
-    def _families(lag: float, overdue: int, intervals: float) -> list[GaugeMetricFamily]:
-        return [
-            GaugeMetricFamily(
-                "himitsu_poll_lag_seconds",
-                "How far the target furthest behind is past its promise: seconds since its "
-                "data, from Himitsu's answer, became older than refreshInterval (0: none).",
-                value=lag),
-            GaugeMetricFamily(
-                "himitsu_polls_overdue",
-                "How many targets hold data older than their refreshInterval.",
-                value=overdue),
-            GaugeMetricFamily(
-                "himitsu_poll_lag_intervals",
-                "The largest lag in units of its target's own refreshInterval: 1 means a "
-                "target's data is twice its refreshInterval old (0: none lags).",
-                value=intervals),
-        ]
+        return self._families(source() if source is not None else self._idle)
 
 
-_lag = _LagCollector()
+def _lag_families(reading: tuple[float, int, float]) -> list[GaugeMetricFamily]:
+    lag, overdue, intervals = reading
+    return [
+        GaugeMetricFamily(
+            "himitsu_poll_lag_seconds",
+            "How far the target furthest behind is past its promise: seconds since its "
+            "data, from Himitsu's answer, became older than refreshInterval (0: none).",
+            value=lag),
+        GaugeMetricFamily(
+            "himitsu_polls_overdue",
+            "How many targets hold data older than their refreshInterval.",
+            value=overdue),
+        GaugeMetricFamily(
+            "himitsu_poll_lag_intervals",
+            "The largest lag in units of its target's own refreshInterval: 1 means a "
+            "target's data is twice its refreshInterval old (0: none lags).",
+            value=intervals),
+    ]
+
+
+def _headroom_families(headroom: dict[str, float]) -> list[GaugeMetricFamily]:
+    """The smallest share of a budget left, over API keys and over API URLs (no key or
+    URL in a label: a key's hash is not a dashboard's business)."""
+    family = GaugeMetricFamily(
+        "himitsu_api_rate_limit_headroom_ratio",
+        "The smallest share of a Himitsu rate-limit budget left in the current 60 s "
+        "window, over API keys (scope=api_key: our pace, or the server's "
+        "RateLimit-Remaining when less) and over API URLs (scope=api_url); 1: unused, "
+        "0: every request waits for the next window.",
+        labels=["scope"])
+    for scope in ("api_key", "api_url"):
+        family.add_metric([scope], headroom.get(scope, 1.0))
+    return [family]
+
+
+_lag = _SourceCollector(_lag_families, (0.0, 0, 0.0))
 REGISTRY.register(_lag)
-
-HeadroomSource = Callable[[], dict[str, float]]
-
-
-class _HeadroomCollector(Collector):
-    """``himitsu_api_rate_limit_headroom_ratio{scope}`` from the pacer at scrape time:
-    the smallest share of a budget left, over API keys and over API URLs (no key or URL
-    in a label: a key's hash is not a dashboard's business)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._source: Callable[[], HeadroomSource | None] = lambda: None
-
-    def watch(self, source: HeadroomSource) -> None:
-        ref: Callable[[], HeadroomSource | None] = (
-            weakref.WeakMethod(source) if hasattr(source, "__self__")
-            else lambda: source)
-        with self._lock:
-            self._source = ref
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return [self._family({})]
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        with self._lock:
-            source = self._source()
-        return [self._family(source() if source is not None else {})]
-
-    @staticmethod
-    def _family(headroom: dict[str, float]) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(
-            "himitsu_api_rate_limit_headroom_ratio",
-            "The smallest share of a Himitsu rate-limit budget left in the current 60 s "
-            "window, over API keys (scope=api_key: our pace, or the server's "
-            "RateLimit-Remaining when less) and over API URLs (scope=api_url); 1: unused, "
-            "0: every request waits for the next window.",
-            labels=["scope"])
-        for scope in ("api_key", "api_url"):
-            family.add_metric([scope], headroom.get(scope, 1.0))
-        return family
-
-
-_headroom = _HeadroomCollector()
+_headroom: _SourceCollector[dict[str, float]] = _SourceCollector(_headroom_families, {})
 REGISTRY.register(_headroom)
+# Let the gauges read a source: (largest lag in seconds, targets lagging, largest lag in
+# refreshIntervals); {"api_key": ratio, "api_url": ratio}.
+report_lag, report_headroom = _lag.watch, _headroom.watch
 
 
 class _ReadyCollector(Collector):
-    """``himitsu_secret_ready{hsec_namespace,name,reason}``, one series per HimitsuSecret
-    (not ``namespace``: every scrape config sets that to the target's own): a
-    labelled Gauge child costs ~800 bytes an object (its own lock and value), this ~100
-    (a dict entry under the key the caches already hold, its reason a shared string)."""
+    """``himitsu_secret_ready{hsec_namespace,name,reason}`` (not ``namespace``: scrape configs
+    set that): ~100 bytes an object (a dict entry under the caches' interned key, a shared
+    reason), where a labelled Gauge child costs ~800."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -209,6 +184,7 @@ class _ReadyCollector(Collector):
 
 _ready = _ReadyCollector()
 REGISTRY.register(_ready)
+set_ready, forget_ready = _ready.set, _ready.forget
 
 
 def count_request(outcome: str) -> None:
@@ -228,24 +204,5 @@ def count_rollout(result: str, n: int = 1) -> None:
         rollout_restarts.labels(result=result).inc(n)
 
 
-def set_ready(namespace: str, name: str, is_ready: bool, reason: str) -> None:
-    _ready.set(namespace, name, is_ready, reason)
-
-
-def forget_ready(namespace: str, name: str) -> None:
-    _ready.forget(namespace, name)
-
-
 def observe_lateness(seconds: float) -> None:
     poll_lateness.observe(max(0.0, seconds))
-
-
-def report_headroom(source: HeadroomSource) -> None:
-    """Let the headroom gauge read ``source`` ({"api_key": ratio, "api_url": ratio})."""
-    _headroom.watch(source)
-
-
-def report_lag(source: LagSource) -> None:
-    """Let the lag gauges read ``source`` (largest lag in seconds, targets lagging, largest
-    lag in refreshIntervals)."""
-    _lag.watch(source)
