@@ -25,11 +25,7 @@ from himitsu_controller import logging as hlogging
 from himitsu_controller.runtime import handler
 from himitsu_controller.runtime.cache.informer import Informer
 from himitsu_controller.runtime.cache.pager import LIST_PAGES, lists_from_snapshots
-from himitsu_controller.runtime.client.config import (
-    ConfigError,
-    load_client_config,
-    new_api_client,
-)
+from himitsu_controller.runtime.client.config import ConfigError, load_client_config, new_api_client
 from himitsu_controller.runtime.client.httpclient import ClientConfig
 from himitsu_controller.runtime.client.rest import ApiError, RestClient, TransportError
 from himitsu_controller.runtime.controller import Controller
@@ -335,10 +331,8 @@ def elector_client(config: ClientConfig) -> RestClient:
 def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
     """Enqueue on spec changes, force-sync and any event on a target Secret (never on our
     own status writes); a deleted HimitsuSecret wakes the others naming its target."""
-    _attach(hsecs, handler.enqueue_for_object(
-        ctrl, update_predicate=handler.any_of(
-            handler.generation_changed, handler.annotation_changed(api.ANN_FORCE_SYNC)),
-    ))
+    hsecs.add_handler(**vars(handler.enqueue_for_object(ctrl, update_predicate=handler.any_of(
+        handler.generation_changed, handler.annotation_changed(api.ANN_FORCE_SYNC)))))
 
     def wake_rivals(obj: dict[str, Any]) -> None:  # one may have lost a TargetConflict
         for key in _target_index(obj):
@@ -352,7 +346,7 @@ def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         return [handler.object_key(o) for o in hsecs.store.by_index(TARGET_INDEX, key)]
 
-    _attach(secrets, handler.enqueue_mapped(ctrl, claimants))
+    secrets.add_handler(**vars(handler.enqueue_mapped(ctrl, claimants)))
 
 
 def _forget_tokens_with_their_users(hsecs: Informer, kube_client: kube.KubeClient) -> None:
@@ -365,11 +359,6 @@ def _forget_tokens_with_their_users(hsecs: Informer, kube_client: kube.KubeClien
     hsecs.add_handler(
         on_update=lambda old, new: kube_client.forget_token_of(old, still_named=still_named),
         on_delete=lambda obj: kube_client.forget_token_of(obj, still_named=still_named))
-
-
-def _attach(informer: Informer, handlers: handler.Handlers) -> None:
-    informer.add_handler(
-        on_add=handlers.on_add, on_update=handlers.on_update, on_delete=handlers.on_delete)
 
 
 def _target_index(obj: dict[str, Any]) -> list[str]:

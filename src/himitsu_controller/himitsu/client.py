@@ -2,8 +2,8 @@
 
 * A 304 never looks like an empty environment; the version in the headers is the
   authority; no redirect, a deadline per request (``http``), strict answers (``wire``).
-* Errors are typed by what the caller does next (fix the spec, fix the token, wait,
-  retry); every message is ours, never the envelope's free text or a body.
+* Errors (``wire``) are typed by what the caller does next (fix the spec, fix the token,
+  wait, retry); every message is ours, never the envelope's free text or a body.
 * No token or value in an exception, a log line or a metric label.
 
 Design: docs/design/himitsu-client.md
@@ -20,10 +20,9 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.cookiejar import DefaultCookiePolicy
-from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -32,13 +31,17 @@ import structlog
 from himitsu_controller import __version__
 from himitsu_controller.himitsu import wire
 from himitsu_controller.himitsu.http import Abort, BearerAuth, RawAnswer, bounded_get, new_session
+from himitsu_controller.himitsu.wire import (
+    FetchResult,
+    InvalidInput,
+    InvalidToken,
+    ServerError,
+    TransportError,
+)
 
 __all__ = [
-    "OUTCOMES", "TOKEN_PATTERN", "USER_AGENT", "BadRequest", "FetchResult", "Fetched",
-    "Forbidden", "HimitsuClient", "HimitsuError", "InvalidInput", "InvalidToken", "NotFound",
-    "NotModified", "Pacing", "RateLimited", "ServerError", "TransportError", "Unauthorized",
-    "Undecodable", "UnexpectedStatus", "pacing_key", "source_fingerprint",
-    "validate_api_url", "validate_token",
+    "OUTCOMES", "TOKEN_PATTERN", "USER_AGENT", "HimitsuClient", "Pacing", "pacing_key",
+    "source_fingerprint", "validate_api_url", "validate_token",
 ]
 
 USER_AGENT = f"himitsu-k8s-operator/{__version__}"
@@ -60,105 +63,6 @@ _NETLOC = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|[A-Za-z0-9._-]+)(?::[0-9]
 _PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
 MAX_API_URL_LENGTH = 2048
 _BACKOFF_CAP = 2.0
-
-
-class HimitsuError(Exception):
-    """Base of every client error. ``message`` is safe for a status, an Event or a log."""
-
-    def __init__(
-        self, message: str, *, status: int | None = None, code: str | None = None,
-        request_id: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.code = code
-        self.request_id = request_id
-
-    @property
-    def gist(self) -> str:
-        """The message without its requestId (new on every attempt): what stays the same
-        while a failure repeats."""
-        suffix = f" (requestId {self.request_id})" if self.request_id else ""
-        return self.message.removesuffix(suffix) if suffix else self.message
-
-
-class InvalidInput(HimitsuError):
-    """A URL, id or option failed local validation; no request was made."""
-
-
-class InvalidToken(HimitsuError):
-    """The token is not a Himitsu API key; no request was made."""
-
-
-class BadRequest(HimitsuError):
-    """400: the request itself is wrong, which means the spec is."""
-
-
-class Unauthorized(HimitsuError):
-    """401: token unknown, expired, revoked, or its scope deleted."""
-
-
-class Forbidden(HimitsuError):
-    """403: FORBIDDEN (creator lost permission) or API_SCOPE_FORBIDDEN (key scope)."""
-
-
-class NotFound(HimitsuError):
-    """404: project or environment does not exist (for this key)."""
-
-
-class RateLimited(HimitsuError):
-    """429: ``retry_after`` seconds to wait (Retry-After, else RateLimit-Reset, else 60)."""
-
-    def __init__(self, message: str, *, retry_after: float, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.retry_after = retry_after
-
-
-class ServerError(HimitsuError):
-    """5xx, after the client's own retries."""
-
-
-class TransportError(HimitsuError):
-    """No complete answer: connect/read failure, timeout, deadline, reset, too large."""
-
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-
-
-class Undecodable(HimitsuError):
-    """A 2xx or 304 that is not the documented shape."""
-
-
-class UnexpectedStatus(HimitsuError):
-    """Any other status, redirects included (never followed)."""
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """A 200: every live secret of the environment at ``version``."""
-
-    version: int
-    secrets: Mapping[str, str] = field(repr=False)  # values never in a repr
-    # Seconds since the request that produced this answer (non-zero when a shared poll
-    # answered from its cache); the reconciler aligns its next poll on it.
-    age: float = field(default=0.0, compare=False)
-    # The requeue jitter (0..1) drawn once for the request that produced this answer, so
-    # every HimitsuSecret sharing it comes back at the same moment; None: draw your own.
-    jitter: float | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class NotModified:
-    """A 304: the environment is still at ``version``; no secret material came back."""
-
-    version: int
-    age: float = field(default=0.0, compare=False)
-    jitter: float | None = field(default=None, compare=False)
-
-
-FetchResult = Fetched | NotModified
 
 
 class Pacing(Protocol):
@@ -280,27 +184,6 @@ class _Request:
     pacing_key: str
 
 
-_ERRORS: dict[str, type[HimitsuError]] = {
-    "bad_request": BadRequest, "unauthorized": Unauthorized, "forbidden": Forbidden,
-    "not_found": NotFound, "server_error": ServerError, "undecodable": Undecodable,
-    "unexpected": UnexpectedStatus,
-}
-
-
-def _interpret(answer: RawAnswer, known_version: int | None) -> FetchResult:
-    verdict = wire.judge(answer.status, answer.headers, answer.body, known_version=known_version)
-    if verdict.kind == "fetched":
-        return Fetched(version=verdict.version, secrets=MappingProxyType(verdict.secrets))
-    if verdict.kind == "not_modified":
-        return NotModified(version=verdict.version)
-    details: dict[str, Any] = {
-        "status": answer.status, "code": verdict.code, "request_id": verdict.request_id,
-    }
-    if verdict.kind == "rate_limited":
-        raise RateLimited(verdict.message, retry_after=verdict.retry_after, **details)
-    raise _ERRORS[verdict.kind](verdict.message, **details)
-
-
 def _outcome(status: int) -> str:
     if status in (200, 304, 429):
         return str(status)
@@ -406,7 +289,12 @@ class HimitsuClient:
         attempt = 0
         while True:
             try:
-                return _interpret(self._exchange(request, deadline), request.known_version)
+                answer = self._exchange(request, deadline)
+                result = wire.judge(answer.status, answer.headers, answer.body,
+                                    known_version=request.known_version)
+                if isinstance(result, wire.HimitsuError):
+                    raise result
+                return result
             except (TransportError, ServerError) as error:
                 delay = min(_BACKOFF_CAP, self._backoff_base * 2**attempt)
                 delay *= random.uniform(0.5, 1.0)

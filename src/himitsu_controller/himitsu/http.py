@@ -1,12 +1,9 @@
 """HTTP plumbing for the Himitsu client: a bounded GET in a session that keeps deadlines.
 
-* ``new_session``: requests whose connections join ``httpdeadline.within`` (the overall
-  deadline every HTTP request of the operator keeps), urllib3 retries off.
+* ``new_session``: connections join ``httpdeadline.within``; urllib3 retries off.
 * ``bounded_get``: no redirects (one could leave the allow-listed host), the deadline, a
-  size cap (Content-Length first, then while streaming), failures as ``Abort`` with a
-  reason in our own words: the libraries' messages quote URLs.
-* ``BearerAuth`` is the only holder of the token while a request is made (redacted repr).
-* Nothing here knows Himitsu: the answer is status, headers and bytes.
+  size cap, failures as ``Abort`` in our own words (the libraries' quote URLs).
+* ``BearerAuth`` alone holds the token while a request is made (redacted repr).
 
 Design: docs/design/deadlines.md
 """
@@ -144,8 +141,7 @@ class Abort(Exception):
 @dataclass(frozen=True)
 class RawAnswer:
     status: int
-    # Neither headers nor body in a repr: both are the server's words, and a repr can end
-    # up in a traceback rendered with locals.
+    # Neither in a repr (a traceback rendered with locals): both are the server's words.
     headers: Mapping[str, str] = field(repr=False)
     body: bytes | None = field(repr=False)  # None: content-encoded, left unread
 

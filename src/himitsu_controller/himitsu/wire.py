@@ -1,8 +1,9 @@
 """What a Himitsu answer means: the runtime body, error envelopes, version headers, 429s.
 
 * Strict: a body not exactly the documented shape is refused, never guessed at.
-* Pure functions of status, headers and bytes; ``judge`` returns a ``Verdict`` with a
-  message of our own (never the envelope's free text), so no traceback holds a body.
+* Pure functions of status, headers and bytes; ``judge`` returns the result, or the
+  typed error with a message of our own (never the envelope's free text), for the client
+  to raise: no frame of it that holds a body is in a traceback.
 
 Design: docs/design/himitsu-client.md
 """
@@ -16,7 +17,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from types import MappingProxyType
 from typing import Any
+
+__all__ = [
+    "BadRequest", "FetchResult", "Fetched", "Forbidden", "HimitsuError", "InvalidInput",
+    "InvalidToken", "NotFound", "NotModified", "RateLimited", "ServerError", "TransportError",
+    "Unauthorized", "Undecodable", "UnexpectedStatus",
+]
 
 _VERSION = re.compile(r"[0-9]{1,18}")
 _ETAG = re.compile(r'(?:W/)?"himi-config-([0-9]{1,18})"')
@@ -25,6 +33,103 @@ _CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _DELAY = re.compile(r"[0-9]{1,10}(?:\.[0-9]{1,6})?")
 RATE_LIMIT_DEFAULT, RATE_LIMIT_MIN, RATE_LIMIT_MAX = 60.0, 1.0, 3600.0
+
+
+class HimitsuError(Exception):
+    """Base of every client error. ``message`` is safe for a status, an Event or a log."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, code: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.request_id = request_id
+
+    @property
+    def gist(self) -> str:
+        """The message without its requestId (new on every attempt): what a repeat keeps."""
+        suffix = f" (requestId {self.request_id})" if self.request_id else ""
+        return self.message.removesuffix(suffix) if suffix else self.message
+
+
+class InvalidInput(HimitsuError):
+    """A URL, id or option failed local validation; no request was made."""
+
+
+class InvalidToken(HimitsuError):
+    """The token is not a Himitsu API key; no request was made."""
+
+
+class BadRequest(HimitsuError):
+    """400: the request itself is wrong, which means the spec is."""
+
+
+class Unauthorized(HimitsuError):
+    """401: token unknown, expired, revoked, or its scope deleted."""
+
+
+class Forbidden(HimitsuError):
+    """403: FORBIDDEN (creator lost permission) or API_SCOPE_FORBIDDEN (key scope)."""
+
+
+class NotFound(HimitsuError):
+    """404: project or environment does not exist (for this key)."""
+
+
+class RateLimited(HimitsuError):
+    """429: ``retry_after`` seconds to wait (Retry-After, else RateLimit-Reset, else 60)."""
+
+    def __init__(self, message: str, *, retry_after: float, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class ServerError(HimitsuError):
+    """5xx, after the client's own retries."""
+
+
+class TransportError(HimitsuError):
+    """No complete answer: connect/read failure, timeout, deadline, reset, too large."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class Undecodable(HimitsuError):
+    """A 2xx or 304 that is not the documented shape."""
+
+
+class UnexpectedStatus(HimitsuError):
+    """Any other status, redirects included (never followed)."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A 200: every live secret of the environment at ``version``."""
+
+    version: int
+    secrets: Mapping[str, str] = field(repr=False)  # values never in a repr
+    # Seconds since the request (a shared poll's cached answer is older): the next poll
+    # aligns on it. The requeue jitter (0..1) drawn once for the request, so every
+    # HimitsuSecret sharing it comes back together; None: draw your own.
+    age: float = field(default=0.0, compare=False)
+    jitter: float | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class NotModified:
+    """A 304: the environment is still at ``version``; no secret material came back."""
+
+    version: int
+    age: float = field(default=0.0, compare=False)
+    jitter: float | None = field(default=None, compare=False)
+
+
+FetchResult = Fetched | NotModified
 
 
 class _DuplicateKey(ValueError):
@@ -59,14 +164,6 @@ def load_json(body: bytes) -> tuple[Any, str | None]:
     return payload, None
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")  # a lone surrogate (\ud800) parses from JSON but is not UTF-8
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def decode_runtime(body: bytes) -> tuple[int, dict[str, str]] | str:
     """(configVersion, secrets) of a 200 body, or why it is not the documented shape
     ``{"data": {"configVersion": int >= 0, "secrets": {str: str}}}``."""
@@ -85,7 +182,9 @@ def decode_runtime(body: bytes) -> tuple[int, dict[str, str]] | str:
     for key, value in secrets.items():
         if type(value) is not str:
             return "a secret value is not a string"
-        if not (_encodable(key) and _encodable(value)):
+        try:
+            (key + value).encode("utf-8")  # a lone surrogate (\ud800) parses, but is no UTF-8
+        except UnicodeEncodeError:
             return "a secret key or value is not valid UTF-8"
     return version, secrets
 
@@ -139,10 +238,8 @@ def retry_after(headers: Mapping[str, str]) -> float:
 
 @dataclass(frozen=True)
 class RateLimits:
-    """The ``RateLimit-*`` headers of one answer: this key's count in the server's current
-    window (which opened at the key's first request, so only the server knows where it
-    lies). Another client using the same key spends the same budget; these are the only
-    way to see it."""
+    """The ``RateLimit-*`` headers of one answer: this key's count in the server's window
+    (only the server knows where it lies), other clients of the key included."""
 
     limit: int | None
     remaining: int
@@ -165,23 +262,10 @@ def rate_limits(headers: Mapping[str, str]) -> RateLimits | None:
                       reset=min(reset, RATE_LIMIT_MAX))
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """What an answer means. ``kind``: "fetched", "not_modified", or the error kind
-    "bad_request", "unauthorized", "forbidden", "not_found", "rate_limited",
-    "server_error", "undecodable", "unexpected"; ``message`` is ours and safe to show."""
-
-    kind: str
-    message: str = ""
-    version: int = 0
-    secrets: dict[str, str] = field(default_factory=dict, repr=False)
-    code: str | None = None
-    request_id: str | None = None
-    retry_after: float = 0.0
-
-
 NOT_HIMITSU = "response was not a Himitsu API response"
-_STATUS_KINDS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+_ERRORS: dict[int, type[HimitsuError]] = {
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 429: RateLimited,
+}
 _HINTS = {
     400: "the request was rejected as invalid; check projectId and environmentId",
     401: "the token is unknown, expired or revoked, or its scope was deleted",
@@ -194,22 +278,23 @@ _FORBIDDEN_HINTS = {
 }
 
 
-def _undecodable(status: int, reason: str) -> Verdict:
-    return Verdict("undecodable", f"Himitsu API answered {status} but the {NOT_HIMITSU} ({reason})")
+def _undecodable(status: int, reason: str) -> Undecodable:
+    return Undecodable(f"Himitsu API answered {status} but the {NOT_HIMITSU} ({reason})",
+                       status=status)
 
 
 def judge(
     status: int, headers: Mapping[str, str], body: bytes | None, *, known_version: int | None,
-) -> Verdict:
-    """Judge one answer; ``known_version`` is the version sent as If-None-Match, if any.
-    ``body`` None means a content-encoded body that was not read."""
+) -> FetchResult | HimitsuError:
+    """The result of one answer, or the error to raise; ``known_version`` is the version
+    sent as If-None-Match, if any; ``body`` None: a content-encoded body, not read."""
     if status == 200:
         decoded = decode_runtime(body) if body is not None else "encoded body"
         if isinstance(decoded, str):
             return _undecodable(200, decoded)
         version = header_version(headers)  # the header is the authority
-        return Verdict("fetched", version=decoded[0] if version is None else version,
-                       secrets=decoded[1])
+        return Fetched(version=decoded[0] if version is None else version,
+                       secrets=MappingProxyType(decoded[1]))
     if status == 304:
         # A 304 carries no secrets. Accept it only for the exact version asked about:
         # anything else would record a version whose data the target does not hold.
@@ -218,18 +303,17 @@ def judge(
             return _undecodable(304, "no config version header")
         if version != known_version:
             return _undecodable(304, f"unchanged at version {version}, asked about {known_version}")
-        return Verdict("not_modified", version=version)
+        return NotModified(version=version)
     if 200 <= status < 300:
         return _undecodable(status, "only 200 and 304 are expected")
     if 300 <= status < 400:
-        return Verdict("unexpected", f"Himitsu API answered {status}: redirect not followed "
-                       "(check apiUrl)")
+        return UnexpectedStatus(f"Himitsu API answered {status}: redirect not followed "
+                                "(check apiUrl)", status=status)
     return _judge_error(status, headers, body)
 
 
-def _judge_error(status: int, headers: Mapping[str, str], body: bytes | None) -> Verdict:
-    kind = _STATUS_KINDS.get(status, "server_error" if 500 <= status < 600 else "unexpected")
-    kind = "rate_limited" if status == 429 else kind
+def _judge_error(status: int, headers: Mapping[str, str], body: bytes | None) -> HimitsuError:
+    kind = _ERRORS.get(status, ServerError if 500 <= status < 600 else UnexpectedStatus)
     found = envelope(body)
     if found is None:
         # Not from Himitsu (a proxy, a load balancer, a wrong URL): say so, echo nothing.
@@ -238,11 +322,14 @@ def _judge_error(status: int, headers: Mapping[str, str], body: bytes | None) ->
     else:
         code, request_id = found
         hint = _FORBIDDEN_HINTS.get(code) if status == 403 else None
-        hint = hint or _HINTS.get(status, "server error" if kind == "server_error" else "")
+        hint = hint or _HINTS.get(status, "server error" if kind is ServerError else "")
         message = f"Himitsu API answered {status} {code}" + (f": {hint}" if hint else "")
-    delay = retry_after(headers) if kind == "rate_limited" else 0.0
-    if kind == "rate_limited":
+    delay = retry_after(headers) if kind is RateLimited else 0.0
+    if kind is RateLimited:
         message += f"; rate limited, retry in {math.ceil(delay)} s"
     if request_id:
         message += f" (requestId {request_id})"
-    return Verdict(kind, message, code=code, request_id=request_id, retry_after=delay)
+    if kind is RateLimited:
+        return RateLimited(message, retry_after=delay, status=status, code=code,
+                           request_id=request_id)
+    return kind(message, status=status, code=code, request_id=request_id)

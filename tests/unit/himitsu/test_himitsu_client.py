@@ -24,7 +24,7 @@ from structlog.testing import LogCapture
 from structlog.tracebacks import ExceptionDictTransformer
 
 from himitsu_controller import __version__, himitsu
-from himitsu_controller.himitsu.client import (
+from himitsu_controller.himitsu import (
     BadRequest,
     Fetched,
     Forbidden,

@@ -26,7 +26,7 @@ import pytest
 import requests
 from fakes import himitsu_clients
 
-from himitsu_controller.himitsu.client import (
+from himitsu_controller.himitsu import (
     Fetched,
     HimitsuClient,
     NotModified,
