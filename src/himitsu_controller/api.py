@@ -77,8 +77,7 @@ MAX_ROLLOUT_TARGETS = 16
 DEFAULT_MIN_RESTART_SECONDS = 60.0
 MAX_MIN_RESTART_SECONDS = 24 * 3600.0
 
-_HEX = "[0-9a-fA-F]"
-_UUID_RE = re.compile(rf"^{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}$")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DATA_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 # Label and annotation keys and label values (the CRD types them as plain strings).
@@ -435,7 +434,7 @@ def _optional_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
 
 def _uuid_field(obj: Mapping[str, Any], key: str) -> str:
     value = _required_str(obj, key)
-    if not _UUID_RE.match(value):
+    if not _UUID.fullmatch(value):
         raise InvalidSpec(f"{key} {_show(value)} is not a UUID; copy it from the Himitsu console")
     return str(uuid.UUID(value))
 

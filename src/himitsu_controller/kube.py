@@ -69,11 +69,8 @@ def owner_uids(obj: Mapping[str, Any]) -> list[str]:
 
 
 def token_refs(obj: Mapping[str, Any]) -> list[str]:
-    """"namespace/secret/key" of the token a HimitsuSecret names: an informer index function.
-
-    Raw fields with the spec's defaults (key "token"); a malformed spec names nothing.
-    Neither Secret names nor data keys can hold a "/", so the value splits back apart.
-    """
+    """"namespace/secret/key" of the token a HimitsuSecret names (raw fields, key "token" by
+    default; none holds a "/"): an informer index function."""
     namespace = (obj.get("metadata") or {}).get("namespace")
     ref = (obj.get("spec") or {}).get("authSecretRef")
     if not isinstance(namespace, str) or not isinstance(ref, dict):

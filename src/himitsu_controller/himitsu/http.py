@@ -55,11 +55,8 @@ def new_session(*, pool_maxsize: int = 16) -> requests.Session:
 
 
 class BearerAuth(AuthBase):
-    """Adds ``Authorization: Bearer <token>``; the only place the token is put on the wire.
-
-    Passing auth (rather than a header) also stops requests from consulting ~/.netrc,
-    which could otherwise replace the header with a Basic one.
-    """
+    """Adds ``Authorization: Bearer <token>``, the only place the token goes on the wire (as
+    auth, not a header: requests then never lets ~/.netrc replace it with a Basic one)."""
 
     def __init__(self, token: str) -> None:
         self._token = token
