@@ -16,13 +16,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 
-from himitsu_controller import __version__, api, himitsu, kube, metrics
+from himitsu_controller import __version__, api, himitsu, kube, metrics, watches
 from himitsu_controller import logging as hlogging
-from himitsu_controller.runtime import handler
 from himitsu_controller.runtime.cache.informer import Informer
 from himitsu_controller.runtime.cache.pager import LIST_PAGES, lists_from_snapshots
 from himitsu_controller.runtime.client.config import ConfigError, load_client_config, new_api_client
@@ -48,8 +47,6 @@ log = structlog.get_logger(__name__)
 
 CONTROLLER_NAME = "himitsusecret"
 LEASE_NAME = "himitsu-operator.himitsu.io"
-TARGET_INDEX = "target"
-AUTH_INDEX = "auth-secret-ref"
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 EVENT_QPS, EVENT_BURST = 20.0, 50
 # deploy/manager/manager.yaml's HIMITSU_API_URLS: left as is, the operator refuses to start.
@@ -216,7 +213,8 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     snapshots = lists_from_snapshots(rest, pages=args.list_pages)  # runtime/cache/pager.py
     hsecs = Informer(
         rest, kube.HIMITSU_SECRETS, namespace=args.namespace, name="himitsusecrets",
-        indexers={TARGET_INDEX: _target_index, AUTH_INDEX: kube.token_refs},
+        indexers={watches.TARGET_INDEX: watches.target_index,
+                  watches.AUTH_INDEX: kube.token_refs},
         transform=summary.himitsu_secret, shared=summary.SHARED, list_snapshots=snapshots,
     )
     secrets = Informer(  # summaries, never values: a write reads its target afresh
@@ -239,13 +237,13 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
     )
     kube_client = kube.KubeClient(rest, himitsu_secrets=hsecs.store, secrets=secrets.store,
                                   events=recorder)
-    _forget_tokens_with_their_users(hsecs, kube_client)
+    watches.forget_tokens_with_their_users(hsecs, kube_client)
     reconciler = HimitsuSecretReconciler(
         kube_client, polls.SharedPoller(client, pacer=pacer), allowed_api_urls=allowed,
         allow_insecure_http=args.allow_insecure_http,
     )
     ctrl = Controller(CONTROLLER_NAME, reconciler.reconcile, workers=args.workers)
-    _wire_events(ctrl, hsecs, secrets)
+    watches.wire_events(ctrl, hsecs, secrets)
     manager = Manager(
         metrics_bind_address=args.metrics_bind_address,
         health_probe_bind_address=args.health_probe_bind_address,
@@ -326,45 +324,6 @@ def elector_client(config: ClientConfig) -> RestClient:
     deadline."""
     return RestClient(new_api_client(config, pool_maxsize=2, retries=0), max_retries=0,
                       request_deadlines=True, user_agent=_user_agent("leader-election"))
-
-
-def _wire_events(ctrl: Controller, hsecs: Informer, secrets: Informer) -> None:
-    """Enqueue on spec changes, force-sync and any event on a target Secret (never on our
-    own status writes); a deleted HimitsuSecret wakes the others naming its target."""
-    hsecs.add_handler(**vars(handler.enqueue_for_object(ctrl, update_predicate=handler.any_of(
-        handler.generation_changed, handler.annotation_changed(api.ANN_FORCE_SYNC)))))
-
-    def wake_rivals(obj: dict[str, Any]) -> None:  # one may have lost a TargetConflict
-        for key in _target_index(obj):
-            for rival in hsecs.store.by_index(TARGET_INDEX, key):
-                ctrl.enqueue(handler.object_key(rival))
-
-    hsecs.add_handler(on_delete=wake_rivals)
-
-    def claimants(secret: dict[str, Any]) -> list[str]:
-        meta = secret.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        return [handler.object_key(o) for o in hsecs.store.by_index(TARGET_INDEX, key)]
-
-    secrets.add_handler(**vars(handler.enqueue_mapped(ctrl, claimants)))
-
-
-def _forget_tokens_with_their_users(hsecs: Informer, kube_client: kube.KubeClient) -> None:
-    """A token value stays cached only while some HimitsuSecret names its Secret and key
-    (the store has already dropped or replaced the object when these handlers run)."""
-    def still_named(ref: str) -> bool:
-        return bool(hsecs.store.by_index(AUTH_INDEX, ref))
-
-    kube_client.track_token_users(still_named)
-    hsecs.add_handler(
-        on_update=lambda old, new: kube_client.forget_token_of(old, still_named=still_named),
-        on_delete=lambda obj: kube_client.forget_token_of(obj, still_named=still_named))
-
-
-def _target_index(obj: dict[str, Any]) -> list[str]:
-    namespace = (obj.get("metadata") or {}).get("namespace", "")
-    target = ((obj.get("spec") or {}).get("target") or {}).get("name")
-    return [f"{namespace}/{target}"] if isinstance(target, str) and target else []
 
 
 def _leader_election(rest: RestClient, args: argparse.Namespace,

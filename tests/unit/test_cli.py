@@ -21,7 +21,7 @@ import pytest
 import structlog
 from fake_apiserver import Canned, FakeApiServer, Recorded, kubeconfig_for
 
-from himitsu_controller import __version__, api, cli, kube
+from himitsu_controller import __version__, api, cli, kube, watches
 from himitsu_controller.runtime.cache.informer import Informer
 from himitsu_controller.runtime.client.config import ConfigError
 from himitsu_controller.runtime.client.rest import ApiError, RestClient, TransportError
@@ -372,11 +372,11 @@ def test_a_token_value_goes_with_the_last_himitsu_secret_naming_it() -> None:
         for name in ("one", "two"):
             server.put(name, namespace="apps", spec={"authSecretRef": {"name": "tok"}})
         hsecs = Informer(RestClient(client), kube.HIMITSU_SECRETS, name="himitsusecrets",
-                         indexers={cli.AUTH_INDEX: kube.token_refs})
+                         indexers={watches.AUTH_INDEX: kube.token_refs})
         tokens = TokenReads()
         kube_client = kube.KubeClient(tokens, himitsu_secrets=hsecs.store,  # type: ignore[arg-type]
                                       secrets=hsecs.store)
-        cli._forget_tokens_with_their_users(hsecs, kube_client)
+        watches.forget_tokens_with_their_users(hsecs, kube_client)
         runner = threading.Thread(target=hsecs.run, args=(stop,), daemon=True)
         runner.start()
         session = server.next_watch(TIMEOUT)

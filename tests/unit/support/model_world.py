@@ -4,7 +4,7 @@ Himitsu, and an operator process built from the REAL parts, driven on one thread
 The process is what ``cli.run`` builds, minus threads and sockets: the real
 ``Informer``s (their stores, their event dispatch, listing at start) fed from the
 apiserver's change log after a simulated lag; the real handlers wired by
-``cli._wire_events``; the real ``KubeClient`` over ``ModelRest``; the real
+``watches.wire_events``; the real ``KubeClient`` over ``ModelRest``; the real
 ``HimitsuClient`` over a session answered by ``ModelHimitsu``; the real ``SharedPoller``,
 ``HimitsuSecretReconciler``, ``RateLimitingQueue`` and ``Controller``. The worker loop is
 the controller's own ``_worker`` body run single-threaded: take a key with
@@ -31,7 +31,7 @@ from model_himitsu import ModelHimitsu, session_for
 from model_kube import HSEC, SECRET, ApiServer, Change, Crash, ModelRest, matches
 from reconcile_world import T0_EPOCH, SimClock
 
-from himitsu_controller import api, cli, himitsu, kube
+from himitsu_controller import api, cli, himitsu, kube, watches
 from himitsu_controller.runtime.cache.informer import Informer
 from himitsu_controller.runtime.client.rest import RestClient
 from himitsu_controller.runtime.controller import Controller, Result
@@ -95,8 +95,8 @@ class Process:
         rest = cast(RestClient, world.rest)
         clock = world.clock.epoch
         self.hsecs = Informer(rest, kube.HIMITSU_SECRETS, name="himitsusecrets",
-                              indexers={cli.TARGET_INDEX: cli._target_index,
-                                        cli.AUTH_INDEX: kube.token_refs}, clock=clock,
+                              indexers={watches.TARGET_INDEX: watches.target_index,
+                                        watches.AUTH_INDEX: kube.token_refs}, clock=clock,
                               transform=summary.himitsu_secret, shared=summary.SHARED)
         self.secrets = Informer(rest, kube.SECRETS, name="secrets",
                                 label_selector=SECRET_SELECTOR, clock=clock,
@@ -115,8 +115,8 @@ class Process:
         self.queue = RateLimitingQueue(cli.CONTROLLER_NAME, controller=cli.CONTROLLER_NAME,
                                        clock=clock)
         self.ctrl = Controller(cli.CONTROLLER_NAME, world.reconcile, workers=1, queue=self.queue)
-        cli._forget_tokens_with_their_users(self.hsecs, self.kube)
-        cli._wire_events(self.ctrl, self.hsecs, self.secrets)
+        watches.forget_tokens_with_their_users(self.hsecs, self.kube)
+        watches.wire_events(self.ctrl, self.hsecs, self.secrets)
         # cli's safety net at its default period (it never fires in a run this short: the
         # invariants must hold without it).
         self.resync = Resync(self.hsecs.store.keys, self.ctrl.enqueue_after,
