@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
     rig = Rig(workdir, operator_args=args.operator_arg, audit_log_maxsize=args.audit_log_maxsize,
-              operator_python=args.operator_python,
+              operator_python=args.operator_python.absolute(),
               log=lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True))
     run = Run(args, rig)
     memory.trees(args.baseline_src)  # a wrong --baseline-src fails now, not after an hour
