@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,11 +73,11 @@ def trees(baseline: Path | None) -> list[Tree]:
     return [Tree("baseline", src), this]
 
 
-def imports_rss(tree: Tree) -> dict[str, Any]:
+def imports_rss(tree: Tree, python: Path) -> dict[str, Any]:
     """VmRSS of a process that imported the operator's modules: median of a few runs."""
     rss: list[float] = []
     for _ in range(IMPORT_RUNS):
-        out = subprocess.run([sys.executable, "-c", IMPORTS_SCRIPT], check=True,
+        out = subprocess.run([str(python), "-c", IMPORTS_SCRIPT], check=True,
                              capture_output=True, text=True, cwd="/",
                              env={"PYTHONPATH": str(tree.src), "PATH": "/usr/bin:/bin"})
         info = json.loads(out.stdout)
@@ -183,7 +182,8 @@ def memory(rig: Rig, *, sizes: list[int], repeat: int, repeat_upto: int,
     rig.stop_operator()
     data: dict[str, Any] = {
         "refresh": REFRESH, "trees": {t.label: str(t.src) for t in tree_list},
-        "imports": {t.label: imports_rss(t) for t in tree_list},
+        "imports": {t.label: imports_rss(t, rig.operator_python) for t in tree_list},
+        "operator_python": str(rig.operator_python),
         "runs": {t.label: {} for t in tree_list}, "growth": {}, "control_plane_mib": {}}
     fleet: Fleet | None = None
     for size in sorted(set(sizes)):

@@ -181,10 +181,11 @@ class Operator:
 
     def __init__(self, workdir: Path, *, kubeconfig: Path | None = None,
                  in_cluster: InCluster | None = None, extra_args: Sequence[str] = (),
-                 index: int = 0, src: Path | None = None) -> None:
+                 index: int = 0, src: Path | None = None,
+                 python: Path = Path(sys.executable)) -> None:
         self.metrics_port, self.probe_port = free_port(), free_port()
         config = ["--kubeconfig", str(kubeconfig)] if in_cluster is None else []
-        argv = [sys.executable, "-m", "himitsu_controller", *config,
+        argv = [str(python), "-m", "himitsu_controller", *config,
                 "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
                 "--health-probe-bind-address", f"127.0.0.1:{self.probe_port}",
                 "--log-format", "json", "--log-level", "info",

@@ -113,8 +113,10 @@ class Rig:
     """Everything a scenario needs; ``close()`` stops every process it started."""
 
     def __init__(self, workdir: Path, *, operator_args: Sequence[str] = (),
-                 log: Callable[[str], None] = print, audit_log_maxsize: int = 0) -> None:
+                 log: Callable[[str], None] = print, audit_log_maxsize: int = 0,
+                 operator_python: Path = Path(sys.executable)) -> None:
         self.workdir = workdir
+        self.operator_python = operator_python
         self.audit_log_maxsize = audit_log_maxsize
         self.operator_args = list(operator_args)
         self.log = log
@@ -242,7 +244,8 @@ class Rig:
         self._operators_started += 1
         self.operator = Operator(self.workdir, kubeconfig=self.operator_kubeconfig,
                                  in_cluster=self._in_cluster(), extra_args=self.operator_args,
-                                 index=self._operators_started, src=src)
+                                 index=self._operators_started, src=src,
+                                 python=self.operator_python)
         try:
             self.operator.wait_ready()
         except BaseException:
