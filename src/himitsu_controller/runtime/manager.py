@@ -21,7 +21,7 @@ import structlog
 
 from .healthz import Check, ProbeServer
 from .httpserver import HTTPServerHandle
-from .metrics import start_metrics_server, watch_collector
+from .metrics import scrape_time, start_metrics_server
 from .metricsauth import SecureServing
 from .parts import (
     ControllerLike,
@@ -116,7 +116,7 @@ class Manager:
         if any(existing.name == informer.name for existing in self._informers):
             raise ValueError(f"an informer named {informer.name!r} is already added")
         self._informers.append(informer)
-        watch_collector.register(informer)
+        scrape_time.add_informer(informer)
 
     def add_controller(self, controller: ControllerLike) -> None:
         self._controllers.append(controller)

@@ -174,7 +174,7 @@ class RateLimitingQueue:
         self._latency = metrics.workqueue_queue_duration_seconds.labels(*self._labels)
         self._work_duration = metrics.workqueue_work_duration_seconds.labels(*self._labels)
         self._depth.set(0)
-        metrics.in_flight_collector.register(self)
+        metrics.scrape_time.add_queue(self)
 
     # -- adding -------------------------------------------------------------------
 
