@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import structlog
 
 from . import metrics
+from .shutdown import join_all
 from .workqueue import RateLimitingQueue
 
 log = structlog.get_logger(__name__)
@@ -97,11 +98,8 @@ class Controller:
         deadline = time.monotonic() + drain_timeout
         with self._lock:
             self._stopping = True
-            threads = list(self._threads)
         drained = self.queue.shut_down_with_drain(drain_timeout)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stopped = drained and not any(t.is_alive() for t in threads)
+        stopped = join_all(self._threads, deadline - time.monotonic()) and drained
         if stopped:
             self._log.info("workers stopped")
         else:
@@ -109,26 +107,20 @@ class Controller:
         return stopped
 
     def workers_alive(self) -> bool:
-        """False when a worker thread has exited while the controller was not stopping.
-
-        A controller that was never started has no dead workers, so it is alive.
-        """
+        """False when a worker thread has exited while the controller was not stopping
+        (one never started has no dead workers)."""
         with self._lock:
             if self._stopping:
                 return True
             return all(thread.is_alive() for thread in self._threads)
 
-    # -- worker loop ----------------------------------------------------------------
-
     def _worker(self) -> None:
         while True:
-            key, shutdown = self.queue.get()
-            if shutdown:
+            key, _ = self.queue.get()
+            if key is None:  # shutting down
                 return
-            if key is None:
-                continue
+            self._active.inc()
             try:
-                self._active.inc()
                 self._process(key)
             except Exception as exc:  # defence in depth: never lose a worker
                 self._log.error(
@@ -140,37 +132,33 @@ class Controller:
 
     def _process(self, key: str) -> None:
         started = time.monotonic()
+        result: Result | None
         try:
             result = self._reconcile(key)
         except Exception as exc:  # a reconcile bug must not kill the worker
-            self._time.observe(time.monotonic() - started)
             self._panics.inc()
-            self._errors.inc()
-            self._total[metrics.RESULT_ERROR].inc()
             # Reconcilers guarantee their exception strings carry no secrets.
             self._log.error(
                 "reconcile raised", key=key, error_type=type(exc).__name__, error=str(exc)
             )
-            self.queue.add_rate_limited(key)
-            return
+            result = None
         self._time.observe(time.monotonic() - started)
-        self._apply(key, result)
-
-    def _apply(self, key: str, result: Result) -> None:
-        if result.error is not None:
+        delay = 0.0 if result is None else result.requeue_after
+        if result is None or result.error is not None:
             self._errors.inc()
             self._total[metrics.RESULT_ERROR].inc()
-            # The reconciler has reported it (status, Event); debug keeps one line per key.
-            self._log.debug("reconcile reported an error", key=key, error=result.error)
-            if result.requeue_after is not None and result.requeue_after > 0:
-                self.queue.add_after(key, result.requeue_after)
+            if result is not None:
+                # The reconciler has reported it (status, Event); debug keeps one line per key.
+                self._log.debug("reconcile reported an error", key=key, error=result.error)
+            if delay is not None and delay > 0:
+                self.queue.add_after(key, delay)
             else:
                 self.queue.add_rate_limited(key)
-        elif result.requeue_after is not None and result.requeue_after > 0:
+        elif delay is not None and delay > 0:
             self.queue.forget(key)
-            self.queue.add_after(key, result.requeue_after)
+            self.queue.add_after(key, delay)
             self._total[metrics.RESULT_REQUEUE_AFTER].inc()
-        elif result.requeue or result.requeue_after is not None:
+        elif result.requeue or delay is not None:
             self.queue.add_rate_limited(key)
             self._total[metrics.RESULT_REQUEUE].inc()
         else:
