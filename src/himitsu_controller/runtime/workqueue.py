@@ -33,27 +33,20 @@ _COMPACT_MIN_STALE = 64
 
 
 class RateLimiter(Protocol):
-    """How long a key should wait before its next retry (client-go's RateLimiter)."""
+    """client-go's RateLimiter: ``when`` records a failure and returns its delay (seconds),
+    ``forget`` starts a key from the base delay again, ``num_requeues`` counts failures."""
 
-    def when(self, item: str) -> float:
-        """Record one more failure of ``item`` and return its delay in seconds."""
-        ...
+    def when(self, item: str) -> float: ...
 
-    def forget(self, item: str) -> None:
-        """Stop tracking ``item``: its next failure starts from the base delay again."""
-        ...
+    def forget(self, item: str) -> None: ...
 
-    def num_requeues(self, item: str) -> int:
-        """How many failures of ``item`` are being tracked."""
-        ...
+    def num_requeues(self, item: str) -> int: ...
 
 
 class ItemExponentialFailureRateLimiter:
     """Per-key delay ``base * 2**failures``, capped at ``max_delay``."""
 
     def __init__(self, base: float = 0.005, max_delay: float = 1000.0) -> None:
-        if base <= 0 or max_delay <= 0:
-            raise ValueError("base and max_delay must be positive")
         self._base = base
         self._max_delay = max_delay
         self._failures: dict[str, int] = {}
@@ -77,11 +70,8 @@ class ItemExponentialFailureRateLimiter:
 
 
 class BucketRateLimiter:
-    """An overall token bucket (``qps`` refill, ``burst`` capacity) shared by all keys.
-
-    ``when()`` reserves a token and returns how long until it is available, so a
-    storm of retries across many keys is spread out instead of hammering the API.
-    """
+    """An overall token bucket (``qps`` refill, ``burst`` capacity) shared by all keys:
+    ``when()`` reserves a token and returns how long until it is available."""
 
     def __init__(self, qps: float = 10.0, burst: int = 100, *, clock: Clock = time.monotonic):
         if qps <= 0 or burst < 1:
@@ -104,7 +94,7 @@ class BucketRateLimiter:
             return 0.0 if self._tokens >= 0 else -self._tokens / self._qps
 
     def forget(self, item: str) -> None:
-        return  # the bucket is shared; there is nothing per key to forget
+        return  # the bucket is shared: nothing per key
 
     def num_requeues(self, item: str) -> int:
         return 0
@@ -114,8 +104,6 @@ class MaxOfRateLimiter:
     """The longest delay of several limiters (every limiter records the failure)."""
 
     def __init__(self, *limiters: RateLimiter) -> None:
-        if not limiters:
-            raise ValueError("MaxOfRateLimiter needs at least one limiter")
         self._limiters = limiters
 
     def when(self, item: str) -> float:
@@ -140,14 +128,9 @@ def default_controller_rate_limiter(*, clock: Clock = time.monotonic) -> MaxOfRa
 class RateLimitingQueue:
     """Work queue with delays and per-key rate limiting; see the module docstring."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        controller: str | None = None,
-        rate_limiter: RateLimiter | None = None,
-        clock: Clock = time.monotonic,
-    ) -> None:
+    def __init__(self, name: str, *, controller: str | None = None,
+                 rate_limiter: RateLimiter | None = None, clock: Clock = time.monotonic,
+                 ) -> None:
         self.name = name
         self._rate_limiter = rate_limiter or default_controller_rate_limiter(clock=clock)
         self._clock = clock
@@ -175,8 +158,6 @@ class RateLimitingQueue:
         self._work_duration = metrics.workqueue_work_duration_seconds.labels(*self._labels)
         self._depth.set(0)
         metrics.scrape_time.add_queue(self)
-
-    # -- adding -------------------------------------------------------------------
 
     def add(self, item: str) -> None:
         """Queue ``item`` in the HIGH lane unless it is already there (deferred if it
@@ -223,8 +204,6 @@ class RateLimitingQueue:
     def num_requeues(self, item: str) -> int:
         return self._rate_limiter.num_requeues(item)
 
-    # -- taking -------------------------------------------------------------------
-
     def get(self, timeout: float | None = None) -> tuple[str | None, bool]:
         """Take the next key: ``(key, False)``, ``(None, False)`` on timeout, or
         ``(None, True)`` once the queue is shutting down. Call ``done(key)`` after."""
@@ -254,8 +233,6 @@ class RateLimitingQueue:
             if not self._processing:
                 self._idle.notify_all()
 
-    # -- shutting down ------------------------------------------------------------
-
     def shut_down(self) -> None:
         """Refuse new keys, drop delayed ones, and release every waiting ``get()``."""
         with self._lock:
@@ -281,8 +258,6 @@ class RateLimitingQueue:
             self._promote_ready(self._clock())
             return len(self._entry)
 
-    # -- metrics source -------------------------------------------------------------
-
     @property
     def metrics_labels(self) -> tuple[str, str]:
         return self._labels
@@ -292,7 +267,7 @@ class RateLimitingQueue:
             now = self._clock()
             return [max(0.0, now - started) for started in self._processing.values()]
 
-    # -- internals (lock held) ------------------------------------------------------
+    # Below: the lock is held.
 
     def _add_locked(self, item: str, now: float, lane: int) -> None:
         if self._shutting_down:
