@@ -49,13 +49,12 @@ class SecureServing:
 
 
 class ServingCert:
-    """``tls.crt`` and ``tls.key`` of ``cert_dir`` in a server ``context``, replaced by a
-    fresh one when the files change (never modified while handshakes use it)."""
+    """``tls.crt`` and ``tls.key`` of ``cert_dir`` in a server context, replaced by a fresh
+    one when the files change (never modified while handshakes use it)."""
 
-    def __init__(self, cert_dir: str, *, cert_name: str = "tls.crt",
-                 key_name: str = "tls.key") -> None:
-        self.cert_file = os.path.join(cert_dir, cert_name)
-        self.key_file = os.path.join(cert_dir, key_name)
+    def __init__(self, cert_dir: str) -> None:
+        self.cert_file = os.path.join(cert_dir, "tls.crt")
+        self.key_file = os.path.join(cert_dir, "tls.key")
         self._lock = threading.Lock()
         # A missing or bad pair fails the start (OSError, ssl.SSLError).
         self._loaded = self._stamp()
@@ -71,24 +70,18 @@ class ServingCert:
         return context
 
     def current(self) -> ssl.SSLContext:
-        """The context to serve the next handshake with, the files read again if changed."""
-        self.refresh()
-        return self.context
-
-    def refresh(self) -> None:
-        """Load the pair again if either file changed; keep the old one if that fails."""
+        """The context for the next handshake, the pair loaded again if either file changed
+        (the old one kept if that fails)."""
         with self._lock:
             try:
                 stamp = self._stamp()
-                if stamp == self._loaded:
-                    return
-                self.context = self._load()
+                if stamp != self._loaded:
+                    self.context, self._loaded = self._load(), stamp
+                    log.info("metrics certificate reloaded", cert_file=self.cert_file)
             except (OSError, ssl.SSLError) as exc:
                 log.warning("cannot reload the metrics certificate; serving the old one",
                             cert_file=self.cert_file, error_type=type(exc).__name__)
-                return
-            self._loaded = stamp
-            log.info("metrics certificate reloaded", cert_file=self.cert_file)
+            return self.context
 
 
 class ScrapeAuthorizer:
@@ -96,10 +89,9 @@ class ScrapeAuthorizer:
     may ``get /metrics``."""
 
     def __init__(self, client: ReviewClient, *, clock: Callable[[], float] = time.monotonic,
-                 allowed_ttl: float = ALLOWED_TTL, denied_ttl: float = DENIED_TTL) -> None:
+                 ) -> None:
         self._client = client
         self._clock = clock
-        self._ttl = {True: allowed_ttl, False: denied_ttl}
         self._cache: OrderedDict[str, tuple[float, int, str]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -114,16 +106,17 @@ class ScrapeAuthorizer:
             cached = self._cache.get(key)
             if cached is not None and cached[0] > now:
                 return cached[1], cached[2]
-        status, reason = self._review(token, METRICS_PATH, "get")
+        status, reason = self._review(token)
         if status in (200, 401, 403):
             with self._lock:
-                self._cache[key] = (now + self._ttl[status == 200], status, reason)
+                ttl = ALLOWED_TTL if status == 200 else DENIED_TTL
+                self._cache[key] = (now + ttl, status, reason)
                 self._cache.move_to_end(key)
                 while len(self._cache) > CACHE_ENTRIES:
                     self._cache.popitem(last=False)
         return status, reason
 
-    def _review(self, token: str, path: str, verb: str) -> tuple[int, str]:
+    def _review(self, token: str) -> tuple[int, str]:
         try:
             review = self._client.request("POST", TOKEN_REVIEWS, timeout=REVIEW_TIMEOUT, body={
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
@@ -137,10 +130,8 @@ class ScrapeAuthorizer:
         user = status.get("user") or {}
         spec: dict[str, Any] = {
             "user": user.get("username", ""), "groups": user.get("groups") or [],
-            "nonResourceAttributes": {"path": path, "verb": verb}}
-        for name in ("uid", "extra"):
-            if user.get(name):
-                spec[name] = user[name]
+            "nonResourceAttributes": {"path": METRICS_PATH, "verb": "get"}}
+        spec.update({name: user[name] for name in ("uid", "extra") if user.get(name)})
         try:
             access = self._client.request("POST", ACCESS_REVIEWS, timeout=REVIEW_TIMEOUT, body={
                 "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
@@ -149,5 +140,5 @@ class ScrapeAuthorizer:
             log.error("SubjectAccessReview failed", error_type=type(exc).__name__)
             return 500, "Internal Server Error: authorization failed"
         if not (access.get("status") or {}).get("allowed"):
-            return 403, f"Forbidden: user may not {verb} {path}"
+            return 403, f"Forbidden: user may not get {METRICS_PATH}"
         return 200, ""
