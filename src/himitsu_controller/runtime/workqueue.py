@@ -16,7 +16,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -27,9 +27,6 @@ Clock = Callable[[], float]
 # Lane indices: a lower number is served first and wins when a key is asked for in both.
 _HIGH = 0
 _LOW = 1
-# Rebuild the LOW lane once its stale entries outnumber the live ones (and this many):
-# keeps memory bounded when events keep moving keys up while polls are starved.
-_COMPACT_MIN_STALE = 64
 
 
 class RateLimiter(Protocol):
@@ -139,10 +136,8 @@ class RateLimitingQueue:
         # a single condition could hand a worker's wake-up to a drainer.
         self._item_ready = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
-        # Each lane holds (seq, key); an entry is live only while _entry[key] == seq.
-        self._lanes: tuple[deque[tuple[int, str]], ...] = (deque(), deque())
-        self._entry: dict[str, int] = {}  # queued key -> seq of its live lane entry
-        self._stale = 0  # entries left behind in the LOW lane by moves to HIGH
+        # The keys waiting in each lane, oldest first; a key is in one lane at most.
+        self._lanes: tuple[OrderedDict[str, None], ...] = (OrderedDict(), OrderedDict())
         self._dirty: dict[str, int] = {}  # key to (re)queue -> best lane asked for
         self._processing: dict[str, float] = {}  # key -> processing start (clock)
         self._added_at: dict[str, float] = {}  # key -> first add while dirty (clock)
@@ -214,7 +209,7 @@ class RateLimitingQueue:
                     return None, True
                 now = self._clock()
                 self._promote_ready(now)
-                if self._entry:
+                if self._lanes[_HIGH] or self._lanes[_LOW]:
                     return self._take_locked(now), False
                 if deadline is not None and time.monotonic() >= deadline:
                     return None, False
@@ -256,7 +251,7 @@ class RateLimitingQueue:
         """Keys ready to be handed out (not those processing or still delayed)."""
         with self._lock:
             self._promote_ready(self._clock())
-            return len(self._entry)
+            return len(self._lanes[_HIGH]) + len(self._lanes[_LOW])
 
     @property
     def metrics_labels(self) -> tuple[str, str]:
@@ -276,10 +271,9 @@ class RateLimitingQueue:
         if current is not None:
             if lane < current:  # asked for a better lane: upgrade, never downgrade
                 self._dirty[item] = lane
-                if item in self._entry:  # waiting (not processing): move it up now
-                    self._stale += 1
+                if item in self._lanes[current]:  # waiting (not processing): move it up now
+                    del self._lanes[current][item]
                     self._enqueue_locked(item, lane)
-                    self._compact_low_locked()
             return
         self._adds.inc()
         self._dirty[item] = lane
@@ -290,39 +284,17 @@ class RateLimitingQueue:
         self._enqueue_locked(item, lane)
 
     def _enqueue_locked(self, item: str, lane: int) -> None:
-        seq = next(self._seq)
-        self._entry[item] = seq  # any older entry for item is stale from now on
-        self._lanes[lane].append((seq, item))
+        self._lanes[lane][item] = None
         self._item_ready.notify()
 
     def _take_locked(self, now: float) -> str:
-        """Pop the first live entry, HIGH lane first (callers ensure one exists)."""
-        for queue in self._lanes:
-            while queue:
-                seq, item = queue.popleft()
-                if self._entry.get(item) != seq:
-                    self._stale -= 1
-                    continue
-                del self._entry[item]
-                del self._dirty[item]
-                self._depth.set(len(self._dirty))
-                self._processing[item] = now
-                added = self._added_at.pop(item, None)
-                if added is not None:
-                    self._latency.observe(max(0.0, now - added))
-                return item
-        raise AssertionError("no live entry although _entry is not empty")
-
-    def _compact_low_locked(self) -> None:
-        """Drop stale LOW entries once they outnumber live ones: amortised O(1), since
-        each rebuild removes at least as many entries as it keeps."""
-        low = self._lanes[_LOW]
-        if self._stale < _COMPACT_MIN_STALE or 2 * self._stale < len(low):
-            return
-        live = [(seq, item) for seq, item in low if self._entry.get(item) == seq]
-        low.clear()
-        low.extend(live)
-        self._stale = 0
+        """Pop the oldest key, HIGH lane first (callers ensure there is one)."""
+        item, _ = (self._lanes[_HIGH] or self._lanes[_LOW]).popitem(last=False)
+        del self._dirty[item]
+        self._depth.set(len(self._dirty))
+        self._processing[item] = now
+        self._latency.observe(max(0.0, now - self._added_at.pop(item)))
+        return item
 
     def _promote_ready(self, now: float) -> None:
         while self._waiting and self._waiting[0][0] <= now:
