@@ -24,6 +24,7 @@ from himitsu_controller.runtime.client.errors import ApiError, TransportError, W
 from himitsu_controller.runtime.client.rest import Resource
 
 from . import metrics
+from .parts import Requester
 
 log = structlog.get_logger(__name__)
 
@@ -45,13 +46,6 @@ class EventSink(Protocol):
     """Where callers hand Events: ``EventRecorder`` in production, a fake in tests."""
 
     def event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None: ...
-
-
-class Requester(Protocol):
-    """The part of ``RestClient`` the recorder uses."""
-
-    def request(self, method: str, path: str, *, body: Any = None,
-                timeout: float = 30.0) -> dict[str, Any]: ...
 
 
 def build_event(

@@ -263,16 +263,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return
 
 
-def serve(
-    addr: str,
-    handler: type[http.server.BaseHTTPRequestHandler],
-    *,
-    thread_name: str,
-    max_connections: int = MAX_CONNECTIONS,
-    request_timeout: float = REQUEST_TIMEOUT,
-    tls: Callable[[], ssl.SSLContext] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-) -> HTTPServerHandle | None:
+def serve(addr: str, handler: type[http.server.BaseHTTPRequestHandler], *, thread_name: str,
+          max_connections: int = MAX_CONNECTIONS, request_timeout: float = REQUEST_TIMEOUT,
+          tls: Callable[[], ssl.SSLContext] | None = None,
+          clock: Callable[[], float] = time.monotonic) -> HTTPServerHandle | None:
     """Bind ``addr`` and serve ``handler`` on a named daemon thread; None when disabled.
     ``tls``: serve HTTPS, each handshake with the context it returns then."""
     parsed = parse_bind_address(addr)

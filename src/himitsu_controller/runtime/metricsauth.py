@@ -1,13 +1,11 @@
 """Secure metrics: HTTPS from a mounted certificate, each scrape authenticated and authorized.
 
-As controller-runtime's ``filters.WithAuthenticationAndAuthorization``: the bearer token
-goes to a TokenReview (401 unless the apiserver authenticates it), its user to a
-SubjectAccessReview for ``get`` on the nonResourceURL ``/metrics`` (403 unless allowed),
-whatever path was asked: it is the one thing served (any other path is a 404 after it),
-so the answer is cached briefly per token hash, one entry a token; a review that fails is
-a 500 (a token is never kept, logged or quoted). The certificate is read
-from a directory (a Secret, cert-manager) into a fresh context when its files change, so a
-renewal needs no restart and a half-written one leaves the served context alone.
+* As controller-runtime: a TokenReview (else 401), then a SubjectAccessReview for ``get``
+  on the nonResourceURL /metrics (else 403), whatever path was asked.
+* Answers cached briefly per token hash; a failed review is a 500; a token is never kept,
+  logged or quoted. The certificate is reloaded when its files change.
+
+Design: docs/design/metrics.md
 """
 
 from __future__ import annotations
@@ -20,9 +18,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
+
+from .parts import Requester
 
 log = structlog.get_logger(__name__)
 
@@ -33,11 +33,6 @@ DENIED_TTL = 10.0  # a refusal, so a token just granted the role works soon
 CACHE_ENTRIES = 1024
 REVIEW_TIMEOUT = 5.0
 METRICS_PATH = "/metrics"  # the nonResourceURL reviewed, whatever path was asked for
-
-
-class ReviewClient(Protocol):
-    def request(self, method: str, path: str, *, body: Any = None,
-                timeout: float = 30.0) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +83,7 @@ class ScrapeAuthorizer:
     """``authorize(authorization_header) -> (status, reason)``: 200 when the token's user
     may ``get /metrics``."""
 
-    def __init__(self, client: ReviewClient, *, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, client: Requester, *, clock: Callable[[], float] = time.monotonic,
                  ) -> None:
         self._client = client
         self._clock = clock
