@@ -48,8 +48,6 @@ class Controller:
         workers: int = 4,
         queue: RateLimitingQueue | None = None,
     ) -> None:
-        if workers < 1:
-            raise ValueError("a controller needs at least one worker")
         self.name = name
         self.queue = queue if queue is not None else RateLimitingQueue(name, controller=name)
         self._reconcile = reconcile

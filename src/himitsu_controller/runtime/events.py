@@ -82,8 +82,6 @@ class EventRecorder:
         queue_size: int = 1000, clock: Callable[[], float] = time.monotonic,
         max_attempts: int = MAX_ATTEMPTS, retry_delay: float = RETRY_DELAY,
     ) -> None:
-        if queue_size < 1 or max_attempts < 1:
-            raise ValueError("queue_size and max_attempts must be at least 1")
         self._rest = rest
         self._source = {"component": component, "reporting_controller": reporting_controller,
                         "instance": instance}

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from .httpserver import Handler, HTTPServerHandle, serve
 from .metricsauth import SecureServing
+from .parts import InformerLike
 
 __all__ = ["REGISTRY", "HTTPServerHandle", "leader_election_master_status", "start_metrics_server"]
 
@@ -110,15 +111,6 @@ class QueueSource(Protocol):
     def in_flight_seconds(self) -> list[float]: ...  # each processing item's time so far
 
 
-class WatchSource(Protocol):
-    """An informer as the scrape-time gauge sees it."""
-
-    @property
-    def name(self) -> str: ...
-
-    def unhealthy_for(self) -> float: ...  # seconds without a working watch (0: watching)
-
-
 class _ScrapeTimeCollector(Collector):
     """The in-progress gauges, computed at scrape time from live queues and informers
     (held weakly: one dropped without shutting down stops reporting)."""
@@ -126,13 +118,13 @@ class _ScrapeTimeCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queues: weakref.WeakSet[QueueSource] = weakref.WeakSet()
-        self._informers: weakref.WeakSet[WatchSource] = weakref.WeakSet()
+        self._informers: weakref.WeakSet[InformerLike] = weakref.WeakSet()
 
     def add_queue(self, source: QueueSource) -> None:
         with self._lock:
             self._queues.add(source)
 
-    def add_informer(self, source: WatchSource) -> None:
+    def add_informer(self, source: InformerLike) -> None:
         with self._lock:
             self._informers.add(source)
 
