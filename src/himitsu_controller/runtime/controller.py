@@ -144,7 +144,7 @@ class Controller:
         delay = 0.0 if result is None else result.requeue_after
         if result is None or result.error is not None:
             self._errors.inc()
-            self._total[metrics.RESULT_ERROR].inc()
+            self._total["error"].inc()
             if result is not None:
                 # The reconciler has reported it (status, Event); debug keeps one line per key.
                 self._log.debug("reconcile reported an error", key=key, error=result.error)
@@ -155,10 +155,10 @@ class Controller:
         elif delay is not None and delay > 0:
             self.queue.forget(key)
             self.queue.add_after(key, delay)
-            self._total[metrics.RESULT_REQUEUE_AFTER].inc()
+            self._total["requeue_after"].inc()
         elif result.requeue or delay is not None:
             self.queue.add_rate_limited(key)
-            self._total[metrics.RESULT_REQUEUE].inc()
+            self._total["requeue"].inc()
         else:
             self.queue.forget(key)
-            self._total[metrics.RESULT_SUCCESS].inc()
+            self._total["success"].inc()

@@ -44,11 +44,7 @@ RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
 WORKQUEUE_DURATION_BUCKETS: tuple[float, ...] = tuple(1e-8 * 10.0**i for i in range(12))
 
 # Reconcile result label values (controller-runtime's labelError, labelRequeueAfter, ...).
-RESULT_SUCCESS = "success"
-RESULT_ERROR = "error"
-RESULT_REQUEUE = "requeue"
-RESULT_REQUEUE_AFTER = "requeue_after"
-RESULTS = (RESULT_SUCCESS, RESULT_ERROR, RESULT_REQUEUE, RESULT_REQUEUE_AFTER)
+RESULTS = ("success", "error", "requeue", "requeue_after")
 
 reconcile_total = Counter("controller_runtime_reconcile_total",
                           "Total number of reconciliations per controller",

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from threading import Thread
 from types import FrameType
 
-__all__ = ["Budget", "Step", "StopSignals", "join_all"]
-
 
 @dataclass(frozen=True)
 class Step:
@@ -40,14 +38,12 @@ class Budget:
         self._deadline = clock() + self.total
         self.steps: list[Step] = []
 
-    def remaining(self) -> float:
-        return max(0.0, self._deadline - self._clock())
-
     def run(self, name: str, step: Callable[[float], bool], *, cap: float | None = None,
             keep: float = 0.0) -> bool:
         """Run ``step(seconds)`` with at most ``cap`` seconds, leaving ``keep`` for later
         steps; True when it finished in time."""
-        allowed = min(max(0.0, self.remaining() - keep), math.inf if cap is None else cap)
+        allowed = min(max(0.0, self._deadline - self._clock() - keep),
+                      math.inf if cap is None else cap)
         finished = step(allowed)
         self.steps.append(Step(name, allowed, finished))
         return finished

@@ -213,7 +213,11 @@ class RateLimitingQueue:
                     return self._take_locked(now), False
                 if deadline is not None and time.monotonic() >= deadline:
                     return None, False
-                self._item_ready.wait(self._next_wait(now, deadline))
+                # Sleep until the caller's deadline or the next delayed key, if any.
+                waits = [self._waiting[0][0] - now] if self._waiting else []
+                if deadline is not None:
+                    waits.append(deadline - time.monotonic())
+                self._item_ready.wait(min(waits, default=None))
 
     def done(self, item: str) -> None:
         """Finish processing ``item``; if it was re-added meanwhile, queue it again."""
@@ -303,12 +307,3 @@ class RateLimitingQueue:
                 continue  # superseded by an earlier add_after for the same key
             del self._waiting_entry[item]
             self._add_locked(item, now, _LOW)
-
-    def _next_wait(self, now: float, deadline: float | None) -> float | None:
-        """Seconds to sleep: until the caller's deadline or the next delayed key."""
-        waits: list[float] = []
-        if deadline is not None:
-            waits.append(deadline - time.monotonic())
-        if self._waiting:
-            waits.append(self._waiting[0][0] - now)
-        return min(waits) if waits else None
