@@ -4,7 +4,6 @@
   ``Result(error=...)`` is counted and retried with rate limiting, ``requeue_after``
   forgets then adds after, ``requeue=True`` is a rate-limited requeue, ``Result()`` forgets.
 * One difference: ``requeue_after`` <= 0 is a requeue ("now"), never a success.
-* Small and generic, so the loop where these semantics live is proved once.
 
 Design: docs/design/workqueue.md
 """
@@ -40,14 +39,8 @@ Reconcile = Callable[[str], Result]
 class Controller:
     """``workers`` threads taking keys from ``queue`` and reconciling them one at a time."""
 
-    def __init__(
-        self,
-        name: str,
-        reconcile: Reconcile,
-        *,
-        workers: int = 4,
-        queue: RateLimitingQueue | None = None,
-    ) -> None:
+    def __init__(self, name: str, reconcile: Reconcile, *, workers: int = 4,
+                 queue: RateLimitingQueue | None = None) -> None:
         self.name = name
         self.queue = queue if queue is not None else RateLimitingQueue(name, controller=name)
         self._reconcile = reconcile
@@ -80,19 +73,16 @@ class Controller:
         with self._lock:
             if self._threads or self._stopping:
                 return
-            for index in range(self._workers):
-                thread = threading.Thread(
-                    target=self._worker, name=f"{self.name}-worker-{index}", daemon=True
-                )
-                self._threads.append(thread)
+            self._threads = [threading.Thread(target=self._worker, daemon=True,
+                                              name=f"{self.name}-worker-{index}")
+                             for index in range(self._workers)]
+            for thread in self._threads:
                 thread.start()
         self._log.info("starting workers", workers=self._workers)
 
     def stop(self, drain_timeout: float = 30.0) -> bool:
-        """Stop handing out keys, wait for in-flight reconciles, join the workers.
-
-        Returns False when reconciles were still running after ``drain_timeout``.
-        """
+        """Stop handing out keys, wait for in-flight reconciles, join the workers; False
+        when reconciles were still running after ``drain_timeout``."""
         deadline = time.monotonic() + drain_timeout
         with self._lock:
             self._stopping = True

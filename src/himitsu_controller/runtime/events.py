@@ -48,10 +48,9 @@ class EventSink(Protocol):
     def event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None: ...
 
 
-def build_event(
-    obj: Mapping[str, Any], *, type: str, reason: str, message: str, component: str,
-    reporting_controller: str, instance: str, now: datetime,
-) -> dict[str, Any]:
+def build_event(obj: Mapping[str, Any], *, type: str, reason: str, message: str,
+                component: str, reporting_controller: str, instance: str, now: datetime,
+                ) -> dict[str, Any]:
     """A core/v1 Event about ``obj`` (its apiVersion, kind and metadata name it)."""
     meta = obj.get("metadata") or {}
     namespace = str(meta.get("namespace") or "")
@@ -61,11 +60,9 @@ def build_event(
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"generateName": f"{name or 'object'}.",
                      "namespace": namespace or DEFAULT_NAMESPACE},
-        "involvedObject": {
-            "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-            "namespace": namespace, "name": name, "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
+        "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                           "namespace": namespace, "name": name, "uid": meta.get("uid"),
+                           "resourceVersion": meta.get("resourceVersion")},
         "type": type, "reason": reason, "message": message[:MAX_MESSAGE],
         "source": {"component": component},
         "reportingComponent": reporting_controller,

@@ -80,7 +80,6 @@ class Manager:
         self._leader_election = leader_election
         self._graceful_shutdown_timeout = graceful_shutdown_timeout
         self._cache_sync_timeout = cache_sync_timeout
-        self._watch_liveness_timeout = watch_liveness_timeout
         self._informers: list[InformerLike] = []
         self._controllers: list[ControllerLike] = []
         self._runnables: list[_Runnable] = []
@@ -102,9 +101,13 @@ class Manager:
         self._probes.add_healthz("workers", self._check_workers)
         self._probes.add_healthz("informers", self._check_informer_threads)
         if watch_liveness_timeout > 0:
-            self._probes.add_healthz("watches", self._check_watches_alive)
+            self._probes.add_healthz("watches", self._watches_over(
+                lambda i: i.stalled_for(), watch_liveness_timeout,
+                "apiserver answers but no watch works"))
         self._probes.add_readyz("caches-synced", self._check_caches_synced)
-        self._probes.add_readyz("watches", self._check_watches)
+        self._probes.add_readyz("watches", self._watches_over(
+            lambda i: i.unhealthy_for(), UNHEALTHY_WATCH_THRESHOLD,
+            "watches failing to reconnect"))
 
     def add_informer(self, informer: InformerLike) -> None:
         if any(existing.name == informer.name for existing in self._informers):
@@ -310,8 +313,7 @@ class Manager:
     def _release_lease(self, seconds: float) -> bool:
         # The elector closes the gate, waits for writes it let through, then releases.
         self._elector_stop.set()
-        threads = [] if self._elector_thread is None else [self._elector_thread]
-        return join_all(threads, seconds)
+        return join_all([self._elector_thread] if self._elector_thread else [], seconds)
 
     def _stop_informers(self, seconds: float) -> bool:
         self._informer_stop.set()
@@ -344,20 +346,16 @@ class Manager:
         pending = [i.name for i in self._informers if not i.has_synced()]
         return f"waiting for caches: {', '.join(pending) or 'starting'}"
 
-    def _check_watches(self) -> str | None:
-        failing = _over([(i.name, i.unhealthy_for()) for i in self._informers],
-                        UNHEALTHY_WATCH_THRESHOLD)
-        return f"watches failing to reconnect: {failing}" if failing else None
+    def _watches_over(self, seconds_of: Callable[[InformerLike], float], threshold: float,
+                      what: str) -> Check:
+        """A check failing with ``what`` while an informer's ``seconds_of`` is over
+        ``threshold``."""
+        def check() -> str | None:
+            seconds = [(i.name, seconds_of(i)) for i in self._informers]
+            over = ", ".join(f"{name} ({s:.0f}s)" for name, s in seconds if s > threshold)
+            return f"{what}: {over}" if over else None
 
-    def _check_watches_alive(self) -> str | None:
-        stalled = _over([(i.name, i.stalled_for()) for i in self._informers],
-                        self._watch_liveness_timeout)
-        return f"apiserver answers but no watch works: {stalled}" if stalled else None
-
-
-def _over(seconds_by_name: list[tuple[str, float]], threshold: float) -> str:
-    return ", ".join(f"{name} ({seconds:.0f}s)" for name, seconds in seconds_by_name
-                     if seconds > threshold)
+        return check
 
 
 def _spawn(name: str, target: Callable[..., object], *args: object, **kwargs: object,
