@@ -132,8 +132,7 @@ class EventRecorder:
 
     def _count_locked(self, outcome: str, n: int = 1) -> None:
         self._counts[outcome] += n
-        if n:
-            metrics.events_total.labels(outcome).inc(n)
+        metrics.events_total.labels(outcome).inc(n)
 
     def _note_drop_locked(self) -> None:
         """Log drops at most once per DROP_LOG_INTERVAL, with how many since the last line."""

@@ -73,9 +73,8 @@ def any_of(*predicates: UpdatePredicate) -> UpdatePredicate:
     return lambda old, new: any(predicate(old, new) for predicate in predicates)
 
 
-def enqueue_for_object(
-    ctrl: Enqueuer, update_predicate: UpdatePredicate | None = None
-) -> Handlers:
+def enqueue_for_object(ctrl: Enqueuer, update_predicate: UpdatePredicate | None = None,
+                       ) -> Handlers:
     """Enqueue the object's own key on add and delete, and on updates that pass."""
 
     def on_update(old: dict[str, Any], new: dict[str, Any]) -> None:

@@ -54,7 +54,8 @@ class ProbeServer:
     def start(self) -> None:
         """Bind and serve in the background; a disabled address ("0") serves nothing."""
         if self._handle is None:
-            self._handle = serve(self._addr, self._handler_class(), thread_name="probe-server")
+            handler = type("ProbeHandler", (_ProbeHandler,), {"probes": self})
+            self._handle = serve(self._addr, handler, thread_name="probe-server")
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -81,15 +82,13 @@ class ProbeServer:
         lines.append(f"{kind} check {'failed' if failed else 'passed'}")
         return (500 if failed else 200), "\n".join(lines) + "\n"
 
-    def _handler_class(self) -> type[Handler]:
-        probes = self
 
-        class ProbeHandler(Handler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                status, body = probes.respond(self.path)
-                self.reply(status, body.encode())
+class _ProbeHandler(Handler):
+    probes: ProbeServer
 
-        return ProbeHandler
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        status, body = self.probes.respond(self.path)
+        self.reply(status, body.encode())
 
 
 def _run(kind: str, name: str, check: Check) -> str | None:

@@ -196,7 +196,6 @@ def start_metrics_server(addr: str, *, secure: SecureServing | None = None,
                          ) -> HTTPServerHandle | None:
     """Serve ``/metrics`` from REGISTRY on ``addr`` (":8080", "127.0.0.1:0"; "0" disables);
     ``secure``: over HTTPS, to authorized scrapers only (--metrics-secure)."""
-    if secure is None:
-        return serve(addr, _MetricsHandler, thread_name="metrics-server")
-    handler = type("_SecureMetricsHandler", (_MetricsHandler,), {"secure": secure})
-    return serve(addr, handler, thread_name="metrics-server", tls=secure.tls)
+    handler = type("_MetricsHandler", (_MetricsHandler,), {"secure": secure})
+    return serve(addr, handler, thread_name="metrics-server",
+                 tls=None if secure is None else secure.tls)

@@ -25,8 +25,7 @@ from . import metrics
 Clock = Callable[[], float]
 
 # Lane indices: a lower number is served first and wins when a key is asked for in both.
-_HIGH = 0
-_LOW = 1
+_HIGH, _LOW = 0, 1
 
 
 class RateLimiter(Protocol):
@@ -53,8 +52,7 @@ class ItemExponentialFailureRateLimiter:
         with self._lock:
             exponent = self._failures.get(item, 0)
             self._failures[item] = exponent + 1
-        # Clamp the exponent so the float maths cannot overflow on a key failing forever;
-        # a float product that overflows becomes inf, which min() turns into max_delay.
+        # The exponent clamped: 2.0 ** 1024 would raise OverflowError on a key failing forever.
         return min(self._base * 2.0 ** min(exponent, 1023), self._max_delay)
 
     def forget(self, item: str) -> None:
