@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import structlog
 
@@ -49,13 +48,6 @@ SHUTDOWN_RESERVE = EVENT_FLUSH_TIMEOUT + LEASE_RELEASE_TIMEOUT + INFORMER_STOP_T
 SERVER_STOP_SECONDS = 1.0
 
 
-@dataclass(frozen=True)
-class _Runnable:
-    name: str
-    fn: Callable[[threading.Event], None]
-    need_leader_election: bool
-
-
 class Manager:
     """Owns the process's informers, controllers, elector, servers and their lifecycle."""
 
@@ -82,7 +74,8 @@ class Manager:
         self._cache_sync_timeout = cache_sync_timeout
         self._informers: list[InformerLike] = []
         self._controllers: list[ControllerLike] = []
-        self._runnables: list[_Runnable] = []
+        # name -> (fn, need_leader_election)
+        self._runnables: dict[str, tuple[Callable[[threading.Event], None], bool]] = {}
         self._probes = ProbeServer(health_probe_bind_address)
         self._metrics_server: HTTPServerHandle | None = None
         self._lock = threading.Lock()
@@ -122,9 +115,9 @@ class Manager:
                      need_leader_election: bool = True) -> None:
         """Run ``fn(stop)`` on its own thread until ``stop`` is set: with the workers, or
         (``need_leader_election=False``) once caches have synced."""
-        if any(existing.name == name for existing in self._runnables):
+        if name in self._runnables:
             raise ValueError(f"a runnable named {name!r} is already added")
-        self._runnables.append(_Runnable(name, fn, need_leader_election))
+        self._runnables[name] = (fn, need_leader_election)
 
     def add_readyz_check(self, name: str, check: Check) -> None:
         self._probes.add_readyz(name, check)
@@ -265,11 +258,11 @@ class Manager:
         self._stop.set()
 
     def _start_runnables(self, *, leader_only: bool) -> None:
-        for runnable in self._runnables:
-            if runnable.need_leader_election == leader_only:
-                self._runnable_threads[runnable.name] = _spawn(
-                    f"runnable-{runnable.name}", _run_logged, "runnable crashed", runnable.fn,
-                    self._runnable_stop, runnable=runnable.name)
+        for name, (fn, need_leader_election) in self._runnables.items():
+            if need_leader_election == leader_only:
+                self._runnable_threads[name] = _spawn(
+                    f"runnable-{name}", _run_logged, "runnable crashed", fn,
+                    self._runnable_stop, runnable=name)
 
     def _shutdown(self) -> int:
         """Stop in order within one budget; 1 if the workers did not drain in their share.
