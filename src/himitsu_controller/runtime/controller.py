@@ -98,9 +98,7 @@ class Controller:
         """False when a worker thread has exited while the controller was not stopping
         (one never started has no dead workers)."""
         with self._lock:
-            if self._stopping:
-                return True
-            return all(thread.is_alive() for thread in self._threads)
+            return self._stopping or all(thread.is_alive() for thread in self._threads)
 
     def _worker(self) -> None:
         while True:

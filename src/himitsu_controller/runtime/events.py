@@ -169,8 +169,7 @@ class EventRecorder:
         with self._cond:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name="event-recorder",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> bool:

@@ -240,9 +240,7 @@ class Manager:
 
     def _on_stopped_leading(self) -> None:
         with self._lock:
-            stopping = self._stopping
-            if stopping:
-                self._leading = False
+            stopping, self._leading = self._stopping, False
         if stopping:
             log.info("leadership released")
         else:

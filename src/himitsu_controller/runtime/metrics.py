@@ -24,8 +24,6 @@ from .httpserver import Handler, HTTPServerHandle, serve
 from .metricsauth import SecureServing
 from .parts import InformerLike
 
-__all__ = ["REGISTRY", "HTTPServerHandle", "leader_election_master_status", "start_metrics_server"]
-
 # `_created` series double the exposition size and no controller-runtime dashboard uses them.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -101,8 +99,7 @@ leader_election_master_status = Gauge(
 class QueueSource(Protocol):
     """A work queue as the scrape-time gauges see it."""
 
-    @property
-    def metrics_labels(self) -> tuple[str, str]: ...  # (name, controller)
+    metrics_labels: tuple[str, str]  # (name, controller)
 
     def in_flight_seconds(self) -> list[float]: ...  # each processing item's time so far
 

@@ -53,8 +53,6 @@ class EventFlusher(Protocol):
 class LeaderElectorLike(Protocol):
     def run(self, stop: threading.Event) -> bool: ...
 
-    def is_leader(self) -> bool: ...
-
 
 # (on_started_leading, on_stopped_leading) -> an elector wired to them.
 LeaderElectionFactory = Callable[[Callable[[], None], Callable[[], None]], LeaderElectorLike]

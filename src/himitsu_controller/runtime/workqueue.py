@@ -143,12 +143,12 @@ class RateLimitingQueue:
         self._waiting_entry: dict[str, tuple[float, int]] = {}  # key -> its live heap entry
         self._seq = itertools.count()
         self._shutting_down = False
-        self._labels = (name, controller or name)
-        self._depth = metrics.workqueue_depth.labels(*self._labels, "")
-        self._adds = metrics.workqueue_adds_total.labels(*self._labels)
-        self._retries = metrics.workqueue_retries_total.labels(*self._labels)
-        self._latency = metrics.workqueue_queue_duration_seconds.labels(*self._labels)
-        self._work_duration = metrics.workqueue_work_duration_seconds.labels(*self._labels)
+        self.metrics_labels = labels = (name, controller or name)
+        self._depth = metrics.workqueue_depth.labels(*labels, "")
+        self._adds = metrics.workqueue_adds_total.labels(*labels)
+        self._retries = metrics.workqueue_retries_total.labels(*labels)
+        self._latency = metrics.workqueue_queue_duration_seconds.labels(*labels)
+        self._work_duration = metrics.workqueue_work_duration_seconds.labels(*labels)
         self._depth.set(0)
         metrics.scrape_time.add_queue(self)
 
@@ -254,10 +254,6 @@ class RateLimitingQueue:
         with self._lock:
             self._promote_ready(self._clock())
             return len(self._lanes[_HIGH]) + len(self._lanes[_LOW])
-
-    @property
-    def metrics_labels(self) -> tuple[str, str]:
-        return self._labels
 
     def in_flight_seconds(self) -> list[float]:
         with self._lock:
