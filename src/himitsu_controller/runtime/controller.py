@@ -4,7 +4,6 @@
   ``Result(error=...)`` is counted and retried with rate limiting, ``requeue_after``
   forgets then adds after, ``requeue=True`` is a rate-limited requeue, ``Result()`` forgets.
 * One difference: ``requeue_after`` <= 0 is a requeue ("now"), never a success.
-* Small and generic, so the loop where these semantics live is proved once.
 
 Design: docs/design/workqueue.md
 """
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import structlog
 
 from . import metrics
+from .shutdown import join_all
 from .workqueue import RateLimitingQueue
 
 log = structlog.get_logger(__name__)
@@ -39,16 +39,8 @@ Reconcile = Callable[[str], Result]
 class Controller:
     """``workers`` threads taking keys from ``queue`` and reconciling them one at a time."""
 
-    def __init__(
-        self,
-        name: str,
-        reconcile: Reconcile,
-        *,
-        workers: int = 4,
-        queue: RateLimitingQueue | None = None,
-    ) -> None:
-        if workers < 1:
-            raise ValueError("a controller needs at least one worker")
+    def __init__(self, name: str, reconcile: Reconcile, *, workers: int = 4,
+                 queue: RateLimitingQueue | None = None) -> None:
         self.name = name
         self.queue = queue if queue is not None else RateLimitingQueue(name, controller=name)
         self._reconcile = reconcile
@@ -81,27 +73,21 @@ class Controller:
         with self._lock:
             if self._threads or self._stopping:
                 return
-            for index in range(self._workers):
-                thread = threading.Thread(
-                    target=self._worker, name=f"{self.name}-worker-{index}", daemon=True
-                )
-                self._threads.append(thread)
+            self._threads = [threading.Thread(target=self._worker, daemon=True,
+                                              name=f"{self.name}-worker-{index}")
+                             for index in range(self._workers)]
+            for thread in self._threads:
                 thread.start()
         self._log.info("starting workers", workers=self._workers)
 
     def stop(self, drain_timeout: float = 30.0) -> bool:
-        """Stop handing out keys, wait for in-flight reconciles, join the workers.
-
-        Returns False when reconciles were still running after ``drain_timeout``.
-        """
+        """Stop handing out keys, wait for in-flight reconciles, join the workers; False
+        when reconciles were still running after ``drain_timeout``."""
         deadline = time.monotonic() + drain_timeout
         with self._lock:
             self._stopping = True
-            threads = list(self._threads)
         drained = self.queue.shut_down_with_drain(drain_timeout)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stopped = drained and not any(t.is_alive() for t in threads)
+        stopped = join_all(self._threads, deadline - time.monotonic()) and drained
         if stopped:
             self._log.info("workers stopped")
         else:
@@ -109,26 +95,18 @@ class Controller:
         return stopped
 
     def workers_alive(self) -> bool:
-        """False when a worker thread has exited while the controller was not stopping.
-
-        A controller that was never started has no dead workers, so it is alive.
-        """
+        """False when a worker thread has exited while the controller was not stopping
+        (one never started has no dead workers)."""
         with self._lock:
-            if self._stopping:
-                return True
-            return all(thread.is_alive() for thread in self._threads)
-
-    # -- worker loop ----------------------------------------------------------------
+            return self._stopping or all(thread.is_alive() for thread in self._threads)
 
     def _worker(self) -> None:
         while True:
-            key, shutdown = self.queue.get()
-            if shutdown:
+            key, _ = self.queue.get()
+            if key is None:  # shutting down
                 return
-            if key is None:
-                continue
+            self._active.inc()
             try:
-                self._active.inc()
                 self._process(key)
             except Exception as exc:  # defence in depth: never lose a worker
                 self._log.error(
@@ -140,39 +118,35 @@ class Controller:
 
     def _process(self, key: str) -> None:
         started = time.monotonic()
+        result: Result | None
         try:
             result = self._reconcile(key)
         except Exception as exc:  # a reconcile bug must not kill the worker
-            self._time.observe(time.monotonic() - started)
             self._panics.inc()
-            self._errors.inc()
-            self._total[metrics.RESULT_ERROR].inc()
             # Reconcilers guarantee their exception strings carry no secrets.
             self._log.error(
                 "reconcile raised", key=key, error_type=type(exc).__name__, error=str(exc)
             )
-            self.queue.add_rate_limited(key)
-            return
+            result = None
         self._time.observe(time.monotonic() - started)
-        self._apply(key, result)
-
-    def _apply(self, key: str, result: Result) -> None:
-        if result.error is not None:
+        delay = 0.0 if result is None else result.requeue_after
+        if result is None or result.error is not None:
             self._errors.inc()
-            self._total[metrics.RESULT_ERROR].inc()
-            # The reconciler has reported it (status, Event); debug keeps one line per key.
-            self._log.debug("reconcile reported an error", key=key, error=result.error)
-            if result.requeue_after is not None and result.requeue_after > 0:
-                self.queue.add_after(key, result.requeue_after)
+            self._total["error"].inc()
+            if result is not None:
+                # The reconciler has reported it (status, Event); debug keeps one line per key.
+                self._log.debug("reconcile reported an error", key=key, error=result.error)
+            if delay is not None and delay > 0:
+                self.queue.add_after(key, delay)
             else:
                 self.queue.add_rate_limited(key)
-        elif result.requeue_after is not None and result.requeue_after > 0:
+        elif delay is not None and delay > 0:
             self.queue.forget(key)
-            self.queue.add_after(key, result.requeue_after)
-            self._total[metrics.RESULT_REQUEUE_AFTER].inc()
-        elif result.requeue or result.requeue_after is not None:
+            self.queue.add_after(key, delay)
+            self._total["requeue_after"].inc()
+        elif result.requeue or delay is not None:
             self.queue.add_rate_limited(key)
-            self._total[metrics.RESULT_REQUEUE].inc()
+            self._total["requeue"].inc()
         else:
             self.queue.forget(key)
-            self._total[metrics.RESULT_SUCCESS].inc()
+            self._total["success"].inc()

@@ -15,7 +15,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -25,6 +24,7 @@ from himitsu_controller.runtime.client.errors import ApiError, TransportError, W
 from himitsu_controller.runtime.client.rest import Resource
 
 from . import metrics
+from .parts import Requester
 
 log = structlog.get_logger(__name__)
 
@@ -48,48 +48,9 @@ class EventSink(Protocol):
     def event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None: ...
 
 
-class Requester(Protocol):
-    """The part of ``RestClient`` the recorder uses."""
-
-    def request(self, method: str, path: str, *, body: Any = None,
-                timeout: float = 30.0) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class _Pending:
-    namespace: str
-    name: str
-    reason: str
-    body: dict[str, Any]
-
-
-class _SpamFilter:
-    """Token bucket per key, in an LRU bounded like client-go's: an evicted key just
-    starts again with a full bucket, which errs on the side of showing the Event."""
-
-    def __init__(self, *, burst: int, refill_seconds: float, size: int,
-                 clock: Callable[[], float]) -> None:
-        self._burst = float(burst)
-        self._rate = 1.0 / refill_seconds
-        self._size = size
-        self._clock = clock
-        self._buckets: OrderedDict[tuple[str, ...], tuple[float, float]] = OrderedDict()
-
-    def allow(self, key: tuple[str, ...]) -> bool:
-        now = self._clock()
-        tokens, last = self._buckets.pop(key, (self._burst, now))
-        tokens = min(self._burst, tokens + (now - last) * self._rate)
-        allowed = tokens >= 1.0
-        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
-        if len(self._buckets) > self._size:
-            self._buckets.popitem(last=False)
-        return allowed
-
-
-def build_event(
-    obj: Mapping[str, Any], *, type: str, reason: str, message: str, component: str,
-    reporting_controller: str, instance: str, now: datetime,
-) -> dict[str, Any]:
+def build_event(obj: Mapping[str, Any], *, type: str, reason: str, message: str,
+                component: str, reporting_controller: str, instance: str, now: datetime,
+                ) -> dict[str, Any]:
     """A core/v1 Event about ``obj`` (its apiVersion, kind and metadata name it)."""
     meta = obj.get("metadata") or {}
     namespace = str(meta.get("namespace") or "")
@@ -99,11 +60,9 @@ def build_event(
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"generateName": f"{name or 'object'}.",
                      "namespace": namespace or DEFAULT_NAMESPACE},
-        "involvedObject": {
-            "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-            "namespace": namespace, "name": name, "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
+        "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                           "namespace": namespace, "name": name, "uid": meta.get("uid"),
+                           "resourceVersion": meta.get("resourceVersion")},
         "type": type, "reason": reason, "message": message[:MAX_MESSAGE],
         "source": {"component": component},
         "reportingComponent": reporting_controller,
@@ -118,24 +77,19 @@ class EventRecorder:
     def __init__(
         self, rest: Requester, *, component: str, reporting_controller: str, instance: str,
         queue_size: int = 1000, clock: Callable[[], float] = time.monotonic,
-        spam_burst: int = SPAM_BURST, spam_refill_seconds: float = SPAM_REFILL_SECONDS,
-        spam_cache_size: int = SPAM_CACHE_SIZE, max_attempts: int = MAX_ATTEMPTS,
-        retry_delay: float = RETRY_DELAY, request_timeout: float = REQUEST_TIMEOUT,
+        max_attempts: int = MAX_ATTEMPTS, retry_delay: float = RETRY_DELAY,
     ) -> None:
-        if queue_size < 1 or max_attempts < 1:
-            raise ValueError("queue_size and max_attempts must be at least 1")
         self._rest = rest
-        self._component = component
-        self._reporting_controller = reporting_controller
-        self._instance = instance
+        self._source = {"component": component, "reporting_controller": reporting_controller,
+                        "instance": instance}
         self._queue_size = queue_size
         self._clock = clock
         self._max_attempts = max_attempts
         self._retry_delay = retry_delay
-        self._request_timeout = request_timeout
-        self._spam = _SpamFilter(burst=spam_burst, refill_seconds=spam_refill_seconds,
-                                 size=spam_cache_size, clock=clock)
-        self._queue: deque[_Pending] = deque()
+        # (namespace, name, uid, reason) -> (tokens, last refill): client-go's spam filter,
+        # an LRU; an evicted key starts again with a full bucket (errs towards showing).
+        self._spam: OrderedDict[tuple[str, ...], tuple[float, float]] = OrderedDict()
+        self._queue: deque[dict[str, Any]] = deque()
         self._cond = threading.Condition()
         self._closing = False
         self._abandon = threading.Event()  # stop() gave up: drop the rest, skip retry waits
@@ -145,41 +99,40 @@ class EventRecorder:
         self._dropped_unlogged = 0
         self._last_drop_log: float | None = None
 
-    # -- the caller's side ------------------------------------------------------------
-
     def event(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
         """Queue an Event about ``obj``; returns at once and never raises."""
         try:
-            self._enqueue(obj, type=type, reason=reason, message=message)
+            meta = obj.get("metadata") or {}
+            spam_key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                        str(meta.get("uid") or ""), reason)
+            body = build_event(obj, type=type, reason=reason, message=message,
+                               now=datetime.now(UTC), **self._source)
         except Exception as exc:  # a malformed object must not fail the caller's work
-            log.warning("event not recorded", reason=reason, error=type_name(exc))
-
-    def _enqueue(self, obj: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
-        meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "")
-        name = str(meta.get("name") or "")
-        spam_key = (namespace, name, str(meta.get("uid") or ""), reason)
-        body = build_event(
-            obj, type=type, reason=reason, message=message, component=self._component,
-            reporting_controller=self._reporting_controller, instance=self._instance,
-            now=datetime.now(UTC),
-        )
-        pending = _Pending(body["metadata"]["namespace"], name, reason, body)
+            log.warning("event not recorded", reason=reason, error=exc.__class__.__name__)
+            return
         with self._cond:
             if self._closing or len(self._queue) >= self._queue_size:
                 self._count_locked("dropped")
                 self._note_drop_locked()
-                return
-            if not self._spam.allow(spam_key):
+            elif not self._spam_allows_locked(spam_key):
                 self._count_locked("filtered")
-                return
-            self._queue.append(pending)
-            self._cond.notify()
+            else:
+                self._queue.append(body)
+                self._cond.notify()
+
+    def _spam_allows_locked(self, key: tuple[str, ...]) -> bool:
+        now = self._clock()
+        tokens, last = self._spam.pop(key, (float(SPAM_BURST), now))
+        tokens = min(SPAM_BURST, tokens + (now - last) / SPAM_REFILL_SECONDS)
+        allowed = tokens >= 1.0
+        self._spam[key] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._spam) > SPAM_CACHE_SIZE:
+            self._spam.popitem(last=False)
+        return allowed
 
     def _count_locked(self, outcome: str, n: int = 1) -> None:
         self._counts[outcome] += n
-        if n:
-            metrics.events_total.labels(outcome).inc(n)
+        metrics.events_total.labels(outcome).inc(n)
 
     def _note_drop_locked(self) -> None:
         """Log drops at most once per DROP_LOG_INTERVAL, with how many since the last line."""
@@ -211,15 +164,12 @@ class EventRecorder:
         with self._cond:
             return self._closing
 
-    # -- lifecycle --------------------------------------------------------------------
-
     def start(self) -> None:
         """Start the sender thread (once). Events queued before start are sent then."""
         with self._cond:
             if self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name="event-recorder",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> bool:
@@ -243,8 +193,6 @@ class EventRecorder:
                     in_flight=in_flight, timeout_seconds=timeout)
         return False
 
-    # -- the sender thread ------------------------------------------------------------
-
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -252,52 +200,46 @@ class EventRecorder:
                     self._cond.wait()
                 if not self._queue:
                     return
-                pending = self._queue.popleft()
+                body = self._queue.popleft()
                 self._sending = True
             try:
-                outcome = self._send(pending)
+                outcome = self._send(body)
             except Exception as exc:  # never let the sender die: later Events still matter
                 outcome = "failed"
-                self._log_failure(pending, exc, attempts=1)
+                _log_failure(body, exc, attempts=1)
             with self._cond:
                 self._count_locked(outcome)
                 self._sending = False
 
-    def _send(self, pending: _Pending) -> str:
+    def _send(self, body: dict[str, Any]) -> str:
         """POST with a few retries for transient failures; "sent" or "failed"."""
-        path = EVENTS.path(pending.namespace)
         delay = self._retry_delay
         for attempt in range(1, self._max_attempts + 1):
             try:
-                self._rest.request("POST", path, body=pending.body,
-                                   timeout=self._request_timeout)
+                self._rest.request("POST", EVENTS.path(body["metadata"]["namespace"]),
+                                   body=body, timeout=REQUEST_TIMEOUT)
                 return "sent"
             except (ApiError, TransportError) as exc:
                 last_try = attempt == self._max_attempts or not _transient(exc)
                 # stop() gave up on us: no waiting, no further attempt.
                 if last_try or self._abandon.wait(delay):
-                    self._log_failure(pending, exc, attempts=attempt)
+                    _log_failure(body, exc, attempts=attempt)
                     return "failed"
                 delay *= 2
         raise AssertionError("unreachable: the last attempt returns")
 
-    @staticmethod
-    def _log_failure(pending: _Pending, exc: Exception, *, attempts: int) -> None:
-        # Neither the message nor str(exc): the apiserver's answer may quote the body.
-        status = exc.status if isinstance(exc, ApiError) else None
-        log.warning("event not recorded", namespace=pending.namespace, name=pending.name,
-                    reason=pending.reason, status=status, error=type_name(exc),
-                    attempts=attempts)
+
+def _log_failure(body: dict[str, Any], exc: Exception, *, attempts: int) -> None:
+    # Neither the message nor str(exc): the apiserver's answer may quote the body.
+    log.warning("event not recorded", namespace=body["metadata"]["namespace"],
+                name=body["involvedObject"]["name"], reason=body["reason"],
+                status=exc.status if isinstance(exc, ApiError) else None,
+                error=type(exc).__name__, attempts=attempts)
 
 
 def _transient(exc: ApiError | TransportError) -> bool:
-    """Worth another try: the apiserver was unreachable, overloaded or failing. Anything
-    else (forbidden, namespace gone, invalid, this replica no longer leading) will be
-    refused again."""
+    """Worth another try: unreachable, overloaded or failing; anything else (forbidden,
+    namespace gone, invalid, no longer leading) would be refused again."""
     if isinstance(exc, WriteRefused):
         return False
     return isinstance(exc, TransportError) or exc.status == 429 or exc.status >= 500
-
-
-def type_name(exc: BaseException) -> str:
-    return type(exc).__name__

@@ -2,8 +2,8 @@
 
 * Enqueue the object itself (optionally only when an update matters: its own status
   writes must not wake it), or map an object to the keys that depend on it.
-* Handlers run on the informer's thread: they only enqueue, never block, and a failing
-  map function is logged and contained.
+* Handlers run on the informer's thread: they only enqueue, never block; a failing map
+  function is logged and contained.
 
 Design: docs/design/workqueue.md
 """
@@ -30,31 +30,27 @@ class Enqueuer(Protocol):
 
 @dataclass(frozen=True)
 class Handlers:
-    """The three callbacks an informer's ``add_handler`` takes, as one value.
-
-    Pass them on with ``informer.add_handler(on_add=h.on_add, on_update=h.on_update,
-    on_delete=h.on_delete)``.
-    """
+    """The three callbacks an informer's ``add_handler`` takes, as one value."""
 
     on_add: Callable[[dict[str, Any]], None]
     on_update: Callable[[dict[str, Any], dict[str, Any]], None]
     on_delete: Callable[[dict[str, Any]], None]
 
 
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
 def object_key(obj: Mapping[str, Any]) -> str:
     """The work-queue key of an object: "namespace/name", or "name" if cluster-scoped."""
-    meta = obj.get("metadata") or {}
+    meta = _meta(obj)
     name = str(meta.get("name") or "")
     if not name:
         raise ValueError("object has no metadata.name")
     namespace = meta.get("namespace")
     # Interned as the store's keys are: one string per object wherever it is queued.
     return sys.intern(f"{namespace}/{name}") if namespace else sys.intern(name)
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
 
 
 def generation_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -66,73 +62,45 @@ def annotation_changed(name: str) -> UpdatePredicate:
     """A predicate true when annotation ``name`` was added, removed or changed."""
 
     def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-        old_annotations = _meta(old).get("annotations") or {}
-        new_annotations = _meta(new).get("annotations") or {}
-        return bool(old_annotations.get(name) != new_annotations.get(name))
+        return bool((_meta(old).get("annotations") or {}).get(name)
+                    != (_meta(new).get("annotations") or {}).get(name))
 
     return changed
 
 
 def any_of(*predicates: UpdatePredicate) -> UpdatePredicate:
     """A predicate true when any of ``predicates`` is."""
-
-    def either(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-        return any(predicate(old, new) for predicate in predicates)
-
-    return either
+    return lambda old, new: any(predicate(old, new) for predicate in predicates)
 
 
-def enqueue_for_object(
-    ctrl: Enqueuer, update_predicate: UpdatePredicate | None = None
-) -> Handlers:
+def enqueue_for_object(ctrl: Enqueuer, update_predicate: UpdatePredicate | None = None,
+                       ) -> Handlers:
     """Enqueue the object's own key on add and delete, and on updates that pass."""
-
-    def on_add(obj: dict[str, Any]) -> None:
-        ctrl.enqueue(object_key(obj))
 
     def on_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         if update_predicate is None or update_predicate(old, new):
             ctrl.enqueue(object_key(new))
 
-    def on_delete(obj: dict[str, Any]) -> None:
-        ctrl.enqueue(object_key(obj))
-
-    return Handlers(on_add=on_add, on_update=on_update, on_delete=on_delete)
+    return Handlers(on_add=lambda obj: ctrl.enqueue(object_key(obj)), on_update=on_update,
+                    on_delete=lambda obj: ctrl.enqueue(object_key(obj)))
 
 
 def enqueue_mapped(ctrl: Enqueuer, map_fn: Callable[[dict[str, Any]], Iterable[str]]) -> Handlers:
-    """Enqueue the keys ``map_fn`` derives from an object (both old and new on update).
+    """Enqueue the keys ``map_fn`` derives from an object (both old and new on update:
+    the key an update moves the object away from must be woken too)."""
 
-    Mapping the old object too matters: when an update moves the object away from a key
-    (a Secret relabelled, say), the key it left must also be woken to notice.
-    """
-
-    def keys_of(*objs: dict[str, Any]) -> list[str]:
+    def enqueue(*objs: dict[str, Any]) -> None:
         keys: dict[str, None] = {}
         for obj in objs:
             try:
                 keys.update(dict.fromkeys(map_fn(obj)))
             except Exception as exc:  # a bad mapping must not break event delivery
-                log.error(
-                    "event mapping failed",
-                    object=_safe_key(obj),
-                    error_type=type(exc).__name__,
-                )
-        return list(keys)
-
-    def enqueue_all(keys: list[str]) -> None:
+                try:
+                    name = object_key(obj)
+                except ValueError:
+                    name = "<unnamed>"
+                log.error("event mapping failed", object=name, error_type=type(exc).__name__)
         for key in keys:
             ctrl.enqueue(key)
 
-    return Handlers(
-        on_add=lambda obj: enqueue_all(keys_of(obj)),
-        on_update=lambda old, new: enqueue_all(keys_of(old, new)),
-        on_delete=lambda obj: enqueue_all(keys_of(obj)),
-    )
-
-
-def _safe_key(obj: Mapping[str, Any]) -> str:
-    try:
-        return object_key(obj)
-    except ValueError:
-        return "<unnamed>"
+    return Handlers(on_add=enqueue, on_update=enqueue, on_delete=enqueue)

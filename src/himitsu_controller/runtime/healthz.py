@@ -1,80 +1,25 @@
 """Liveness (/healthz) and readiness (/readyz) endpoints built from named checks.
 
-Why named checks rather than one flag: when a probe fails, the kubelet event and a
-``curl /readyz?verbose`` should say *which* part is unhealthy (a dead worker thread, an
-informer that cannot reconnect) without anyone reading logs. The shape follows
-Kubernetes' and controller-runtime's healthz: "ok" with 200 when every check passes,
-500 listing the failing checks otherwise, ``?verbose`` listing all of them, and
-``/readyz/<name>`` probing one check.
-
-Check functions return None when healthy or a short reason. Reasons are shown in the
-response, so checks must describe state (thread names, seconds), never data.
+* Named so a failing probe says *which* part is unhealthy without anyone reading logs.
+* As Kubernetes' healthz: "ok" when every check passes, else 500 listing the failures;
+  ``?verbose`` lists all, ``/readyz/<name>`` probes one.
+* A check returns None when healthy, else a short reason that describes state (thread
+  names, seconds), never data: it is shown in the response.
 """
 
 from __future__ import annotations
 
-import http.server
 import threading
 import urllib.parse
 from collections.abc import Callable
 
 import structlog
 
-from .httpserver import HTTPServerHandle, serve
+from .httpserver import Handler, HTTPServerHandle, serve
 
 log = structlog.get_logger(__name__)
 
 Check = Callable[[], str | None]
-
-
-class _CheckSet:
-    """Named checks, safe to add to while probes are being served."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._checks: dict[str, Check] = {}
-        self._lock = threading.Lock()
-
-    def add(self, name: str, check: Check) -> None:
-        if not name or "/" in name:
-            raise ValueError(f"invalid check name {name!r}")
-        with self._lock:
-            if name in self._checks:
-                raise ValueError(f"{self.kind} check {name!r} already registered")
-            self._checks[name] = check
-
-    def run(self, only: str | None = None) -> list[tuple[str, str | None]] | None:
-        """[(name, failure reason or None)], or None when ``only`` names no check."""
-        with self._lock:
-            checks = list(self._checks.items())
-        if only is not None:
-            checks = [(name, fn) for name, fn in checks if name == only]
-            if not checks:
-                return None
-        return [(name, _run_check(self.kind, name, fn)) for name, fn in checks]
-
-
-def _run_check(kind: str, name: str, check: Check) -> str | None:
-    try:
-        return check()
-    except Exception as exc:  # a broken check is a failing check, not a broken probe
-        log.error("probe check raised", probe=kind, check=name, error_type=type(exc).__name__)
-        return f"check raised {type(exc).__name__}"
-
-
-def _render(kind: str, results: list[tuple[str, str | None]], verbose: bool) -> tuple[int, str]:
-    failed = [(name, reason) for name, reason in results if reason is not None]
-    if not failed and not verbose:
-        return 200, "ok"
-    lines = []
-    for name, reason in results:
-        if reason is None:
-            if verbose:
-                lines.append(f"[+]{name} ok")
-        else:
-            lines.append(f"[-]{name} failed: {reason}")
-    lines.append(f"{kind} check {'failed' if failed else 'passed'}")
-    return (500 if failed else 200), "\n".join(lines) + "\n"
 
 
 class ProbeServer:
@@ -82,14 +27,23 @@ class ProbeServer:
 
     def __init__(self, addr: str) -> None:
         self._addr = addr
-        self._sets = {"healthz": _CheckSet("healthz"), "readyz": _CheckSet("readyz")}
+        self._checks: dict[str, dict[str, Check]] = {"healthz": {}, "readyz": {}}
+        self._lock = threading.Lock()  # checks may be added while probes are served
         self._handle: HTTPServerHandle | None = None
 
     def add_healthz(self, name: str, check: Check) -> None:
-        self._sets["healthz"].add(name, check)
+        self._add("healthz", name, check)
 
     def add_readyz(self, name: str, check: Check) -> None:
-        self._sets["readyz"].add(name, check)
+        self._add("readyz", name, check)
+
+    def _add(self, kind: str, name: str, check: Check) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"invalid check name {name!r}")
+        with self._lock:
+            if name in self._checks[kind]:
+                raise ValueError(f"{kind} check {name!r} already registered")
+            self._checks[kind][name] = check
 
     @property
     def port(self) -> int:
@@ -99,9 +53,9 @@ class ProbeServer:
 
     def start(self) -> None:
         """Bind and serve in the background; a disabled address ("0") serves nothing."""
-        if self._handle is not None:
-            return
-        self._handle = serve(self._addr, self._handler_class(), thread_name="probe-server")
+        if self._handle is None:
+            handler = type("ProbeHandler", (_ProbeHandler,), {"probes": self})
+            self._handle = serve(self._addr, handler, thread_name="probe-server")
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -109,33 +63,37 @@ class ProbeServer:
             self._handle = None
 
     def respond(self, path: str) -> tuple[int, str]:
-        """Status and body for a probe request path (exposed for the HTTP handler)."""
+        """Status and body for a probe request path."""
         url = urllib.parse.urlsplit(path)
         verbose = "verbose" in urllib.parse.parse_qs(url.query, keep_blank_values=True)
         kind, _, only = url.path.strip("/").partition("/")
-        checks = self._sets.get(kind)
-        if checks is None:
+        if kind not in self._checks:
             return 404, "not found\n"
-        results = checks.run(only or None)
-        if results is None:
+        with self._lock:
+            checks = [(n, c) for n, c in self._checks[kind].items() if only in ("", n)]
+        if only and not checks:
             return 404, f"no {kind} check named {only!r}\n"
-        return _render(kind, results, verbose)
+        results = [(name, _run(kind, name, check)) for name, check in checks]
+        failed = any(reason is not None for _, reason in results)
+        if not failed and not verbose:
+            return 200, "ok"
+        lines = [f"[-]{name} failed: {reason}" if reason is not None else f"[+]{name} ok"
+                 for name, reason in results if reason is not None or verbose]
+        lines.append(f"{kind} check {'failed' if failed else 'passed'}")
+        return (500 if failed else 200), "\n".join(lines) + "\n"
 
-    def _handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:
-        probes = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, body = probes.respond(self.path)
-                payload = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("X-Content-Type-Options", "nosniff")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+class _ProbeHandler(Handler):
+    probes: ProbeServer
 
-            def log_message(self, format: str, *args: object) -> None:
-                return  # the kubelet probes every few seconds; keep the log for events
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        status, body = self.probes.respond(self.path)
+        self.reply(status, body.encode())
 
-        return Handler
+
+def _run(kind: str, name: str, check: Check) -> str | None:
+    try:
+        return check()
+    except Exception as exc:  # a broken check is a failing check, not a broken probe
+        log.error("probe check raised", probe=kind, check=name, error_type=type(exc).__name__)
+        return f"check raised {type(exc).__name__}"

@@ -1,13 +1,12 @@
-"""A tiny threaded HTTP(S) server shared by /metrics and the probes, that cannot be starved.
+"""A threaded HTTP(S) server for /metrics and the probes that a flood cannot starve.
 
-Why our own instead of ``prometheus_client.start_http_server``: we need the bound port
-back (tests bind port 0), a clean ``stop()``, named threads, controller-runtime's
-bind-address syntax (":8080", "0" disables), and limits: a request's line and headers
-hold at most MAX_HEAD_BYTES (more is answered 431 unread); each server holds at most
-``max_connections`` connections (one thread each), a new one taking the slot of the
-oldest still waiting for its request (refused only when every slot is serving one); and
-every connection is cut ``request_timeout`` after it was accepted. So a flood of silent
-or half-sent connections never keeps a complete request, the kubelet's probe, unanswered.
+* Our own rather than ``prometheus_client.start_http_server``: the bound port back, a
+  clean ``stop()``, controller-runtime's bind addresses (":8080"; "0" disables), TLS.
+* Limits: a request head of at most MAX_HEAD_BYTES (else 431 unread); at most
+  ``max_connections`` connections, a new one taking the slot of the oldest still waiting
+  for its request; every connection cut ``request_timeout`` after it was accepted.
+
+Design: docs/design/metrics.md
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import structlog
@@ -37,26 +36,16 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
 
 
 def parse_bind_address(addr: str) -> tuple[str, int] | None:
-    """Parse a controller-runtime style bind address; None means "disabled".
-
-    ":8080" binds every interface, "127.0.0.1:0" picks a free port, "[::1]:9000" is
-    IPv6, and "0" (or the empty string) disables the server as in controller-runtime.
-    """
+    """(host, port) of ":8080", "127.0.0.1:0" or "[::1]:9000"; None for "0" or "" (disabled)."""
     addr = addr.strip()
     if addr in ("", "0"):
         return None
-    host, sep, port_text = addr.rpartition(":")
-    if not sep:
-        raise ValueError(f"bind address {addr!r} must look like HOST:PORT or :PORT")
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"bind address {addr!r} is not HOST:PORT or :PORT (port 0..65535)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"bind address {addr!r} has a non-numeric port") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"bind address {addr!r} has a port outside 0..65535")
-    return host, port
+    return host, int(port)
 
 
 @dataclass(eq=False)
@@ -68,11 +57,8 @@ class _Connection:
 
 
 class Connections:
-    """The open connections of one server: capped, evicted when idle, cut at their deadline.
-
-    A full server gives the slot of its oldest connection still waiting for a request (a
-    slow or silent peer, a TLS handshake) to a new one; only when every slot is serving a
-    request is a new connection refused."""
+    """The open connections of one server: capped, evicted while idle, cut at their deadline
+    (refused only when every slot is serving a request)."""
 
     def __init__(self, limit: int, timeout: float, clock: Callable[[], float]) -> None:
         self.limit = limit
@@ -162,21 +148,34 @@ class _HeadFirst:
         self._head = head
 
     def makefile(self, mode: str, buffering: int | None = None) -> io.BytesIO:
-        if mode != "rb":  # handlers write through sendall (StreamRequestHandler.wbufsize 0)
-            raise ValueError(f"a request's connection is read, not opened {mode!r}")
-        return io.BytesIO(self._head)
+        return io.BytesIO(self._head)  # "rb": handlers write through sendall (wbufsize 0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
 
-class _Server(http.server.HTTPServer):
+class HTTPServerHandle(http.server.HTTPServer):
+    """A running server: its bound ``port``, its ``connections`` and ``stop()``."""
+
     # Room for a burst of connections while the loop accepts them (socketserver's 5 would
     # leave clients in SYN retries, seconds each).
     request_queue_size = 128
     thread_name = "http"
     connections: Connections
     tls: Callable[[], ssl.SSLContext] | None = None
+    thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; safe to call twice."""
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            self.shutdown()
+            self.server_close()
+            thread.join()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         conn = self.connections.admit(request)
@@ -244,67 +243,43 @@ def _read_head(sock: socket.socket) -> bytes | None:
             return None
 
 
-class _IPv6Server(_Server):
+class _IPv6Server(HTTPServerHandle):
     address_family = socket.AF_INET6
 
 
-@dataclass
-class HTTPServerHandle:
-    """A running server: its bound ``port`` and a ``stop()`` that waits for the loop."""
+class Handler(http.server.BaseHTTPRequestHandler):
+    """Answers with ``reply``; logs nothing (the kubelet and Prometheus call every few s)."""
 
-    server: _Server
-    thread: threading.Thread
-    _stopped: bool = field(default=False, init=False)
+    def reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+              ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
-
-    @property
-    def connections(self) -> Connections:
-        return self.server.connections
-
-    def stop(self) -> None:
-        """Stop serving and close the socket; safe to call twice."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    def log_message(self, format: str, *args: object) -> None:
+        return
 
 
-def serve(
-    addr: str,
-    handler: type[http.server.BaseHTTPRequestHandler],
-    *,
-    thread_name: str,
-    max_connections: int = MAX_CONNECTIONS,
-    request_timeout: float = REQUEST_TIMEOUT,
-    tls: Callable[[], ssl.SSLContext] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-) -> HTTPServerHandle | None:
+def serve(addr: str, handler: type[http.server.BaseHTTPRequestHandler], *, thread_name: str,
+          max_connections: int = MAX_CONNECTIONS, request_timeout: float = REQUEST_TIMEOUT,
+          tls: Callable[[], ssl.SSLContext] | None = None,
+          clock: Callable[[], float] = time.monotonic) -> HTTPServerHandle | None:
     """Bind ``addr`` and serve ``handler`` on a named daemon thread; None when disabled.
-
-    ``tls``: serve HTTPS, each handshake with the context it returns then (a renewed
-    certificate's, say)."""
+    ``tls``: serve HTTPS, each handshake with the context it returns then."""
     parsed = parse_bind_address(addr)
     if parsed is None:
         return None
     host, port = parsed
-    server_cls: type[_Server] = _IPv6Server if ":" in host else _Server
-    server = server_cls((host, port), handler)
+    server = (_IPv6Server if ":" in host else HTTPServerHandle)((host, port), handler)
     server.thread_name = thread_name
     server.connections = Connections(max_connections, request_timeout, clock)
     server.tls = tls
-    thread = threading.Thread(
-        target=server.serve_forever,
-        kwargs={"poll_interval": 0.05},
-        name=thread_name,
-        daemon=True,
-    )
-    thread.start()
-    handle = HTTPServerHandle(server=server, thread=thread)
-    log.info("http server listening", server=thread_name, host=host or "*", port=handle.port,
+    server.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                     name=thread_name, daemon=True)
+    server.thread.start()
+    log.info("http server listening", server=thread_name, host=host or "*", port=server.port,
              tls=tls is not None, max_connections=max_connections)
-    return handle
+    return server

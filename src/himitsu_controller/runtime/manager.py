@@ -15,13 +15,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import structlog
 
 from .healthz import Check, ProbeServer
 from .httpserver import HTTPServerHandle
-from .metrics import start_metrics_server, watch_collector
+from .metrics import scrape_time, start_metrics_server
 from .metricsauth import SecureServing
 from .parts import (
     ControllerLike,
@@ -34,12 +33,9 @@ from .shutdown import Budget, Step, StopSignals, join_all
 
 log = structlog.get_logger(__name__)
 
-# A watch failing to reconnect for longer than this makes the replica unready.
-UNHEALTHY_WATCH_THRESHOLD = 30.0
-# ...and once the apiserver has answered for this long without giving it a working watch
-# (lists work, watches are refused with a status), fails /healthz so the kubelet
-# restarts the pod: restarting is what is left. An unreachable apiserver does not count:
-# a restart cannot fix it, and would restart every replica, standbys included.
+UNHEALTHY_WATCH_THRESHOLD = 30.0  # a watch failing to reconnect this long: unready
+# An apiserver that answers but gives no working watch this long: /healthz fails so the
+# pod restarts (an unreachable one does not count; see docs/design/manager.md).
 WATCH_LIVENESS_TIMEOUT = 300.0
 _SYNC_POLL_INTERVAL = 0.1
 _SIGNAL_POLL_INTERVAL = 0.5
@@ -50,13 +46,6 @@ INFORMER_STOP_TIMEOUT = 2.0
 SHUTDOWN_RESERVE = EVENT_FLUSH_TIMEOUT + LEASE_RELEASE_TIMEOUT + INFORMER_STOP_TIMEOUT
 # Stopping the HTTP servers, outside the budget: each returns within a poll interval.
 SERVER_STOP_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class _Runnable:
-    name: str
-    fn: Callable[[threading.Event], None]
-    need_leader_election: bool
 
 
 class Manager:
@@ -74,8 +63,7 @@ class Manager:
         watch_liveness_timeout: float = WATCH_LIVENESS_TIMEOUT,
         metrics_secure: SecureServing | None = None,
     ) -> None:
-        """``graceful_shutdown_timeout`` bounds the whole shutdown (see ``shutdown_bound``);
-        ``events`` is started with the manager and flushed on its way out;
+        """``events`` is started with the manager and flushed on its way out;
         ``metrics_secure``: /metrics over HTTPS to authorized scrapers only."""
         self._metrics_address = metrics_bind_address
         self._metrics_secure = metrics_secure
@@ -84,10 +72,10 @@ class Manager:
         self._leader_election = leader_election
         self._graceful_shutdown_timeout = graceful_shutdown_timeout
         self._cache_sync_timeout = cache_sync_timeout
-        self._watch_liveness_timeout = watch_liveness_timeout
         self._informers: list[InformerLike] = []
         self._controllers: list[ControllerLike] = []
-        self._runnables: list[_Runnable] = []
+        # name -> (fn, need_leader_election)
+        self._runnables: dict[str, tuple[Callable[[threading.Event], None], bool]] = {}
         self._probes = ProbeServer(health_probe_bind_address)
         self._metrics_server: HTTPServerHandle | None = None
         self._lock = threading.Lock()
@@ -106,41 +94,33 @@ class Manager:
         self._probes.add_healthz("workers", self._check_workers)
         self._probes.add_healthz("informers", self._check_informer_threads)
         if watch_liveness_timeout > 0:
-            self._probes.add_healthz("watches", self._check_watches_alive)
+            self._probes.add_healthz("watches", self._watches_over(
+                lambda i: i.stalled_for(), watch_liveness_timeout,
+                "apiserver answers but no watch works"))
         self._probes.add_readyz("caches-synced", self._check_caches_synced)
-        self._probes.add_readyz("watches", self._check_watches)
-
-    # -- wiring -----------------------------------------------------------------------
+        self._probes.add_readyz("watches", self._watches_over(
+            lambda i: i.unhealthy_for(), UNHEALTHY_WATCH_THRESHOLD,
+            "watches failing to reconnect"))
 
     def add_informer(self, informer: InformerLike) -> None:
         if any(existing.name == informer.name for existing in self._informers):
             raise ValueError(f"an informer named {informer.name!r} is already added")
         self._informers.append(informer)
-        watch_collector.register(informer)
+        scrape_time.add_informer(informer)
 
     def add_controller(self, controller: ControllerLike) -> None:
         self._controllers.append(controller)
 
-    def add_runnable(
-        self,
-        name: str,
-        fn: Callable[[threading.Event], None],
-        *,
-        need_leader_election: bool = True,
-    ) -> None:
-        """Run ``fn(stop)`` on its own thread until ``stop`` is set.
-
-        Leader-only runnables start with the workers; others once caches have synced.
-        """
-        if any(existing.name == name for existing in self._runnables):
+    def add_runnable(self, name: str, fn: Callable[[threading.Event], None], *,
+                     need_leader_election: bool = True) -> None:
+        """Run ``fn(stop)`` on its own thread until ``stop`` is set: with the workers, or
+        (``need_leader_election=False``) once caches have synced."""
+        if name in self._runnables:
             raise ValueError(f"a runnable named {name!r} is already added")
-        self._runnables.append(_Runnable(name, fn, need_leader_election))
+        self._runnables[name] = (fn, need_leader_election)
 
     def add_readyz_check(self, name: str, check: Check) -> None:
         self._probes.add_readyz(name, check)
-
-    def add_healthz_check(self, name: str, check: Check) -> None:
-        self._probes.add_healthz(name, check)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -164,14 +144,9 @@ class Manager:
         """The longest a shutdown can take, stuck workers and informers included."""
         return self._graceful_shutdown_timeout + SERVER_STOP_SECONDS
 
-    # -- running ----------------------------------------------------------------------
-
     def run(self, stop: threading.Event | None = None) -> int:
-        """Run until stopped; the exit code for the process (0 clean, 1 failure).
-
-        ``stop`` (if given) becomes the manager's stop event: setting it stops the
-        manager, and the manager sets it whenever it stops for its own reasons.
-        """
+        """Run until stopped; the exit code for the process (0 clean, 1 failure). ``stop``
+        (if given) is the manager's stop event: set by the caller, or by the manager."""
         if stop is not None:
             self._stop = stop
         restore_signals = self._signals.install()
@@ -208,23 +183,12 @@ class Manager:
 
     def _start_informers(self) -> None:
         for informer in self._informers:
-            thread = threading.Thread(
-                target=self._run_informer,
-                args=(informer,),
-                name=f"informer-{informer.name}",
-                daemon=True,
-            )
-            self._informer_threads[informer.name] = thread
-            thread.start()
+            self._informer_threads[informer.name] = _spawn(
+                f"informer-{informer.name}", self._run_informer, informer)
 
     def _run_informer(self, informer: InformerLike) -> None:
-        try:
-            informer.run(self._informer_stop)
-        except Exception as exc:  # reported by /healthz; the log says why
-            log.error(
-                "informer crashed", informer=informer.name,
-                error_type=type(exc).__name__, error=str(exc),
-            )
+        _run_logged("informer crashed", informer.run, self._informer_stop,
+                    informer=informer.name)
         if not self._informer_stop.is_set():
             log.error("informer stopped unexpectedly", informer=informer.name)
 
@@ -243,10 +207,8 @@ class Manager:
                 return "failed"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.error(
-                    "timed out waiting for caches to sync",
-                    informers=pending, timeout_seconds=self._cache_sync_timeout,
-                )
+                log.error("timed out waiting for caches to sync", informers=pending,
+                          timeout_seconds=self._cache_sync_timeout)
                 return "failed"
             if self._stop.wait(min(_SYNC_POLL_INTERVAL, remaining)):
                 return "stopped"
@@ -256,17 +218,10 @@ class Manager:
             self._on_started_leading()
             return
         elector = self._leader_election(self._on_started_leading, self._on_stopped_leading)
-        thread = threading.Thread(
-            target=self._run_elector, args=(elector,), name="leader-election", daemon=True
-        )
-        self._elector_thread = thread
-        thread.start()
+        self._elector_thread = _spawn("leader-election", self._run_elector, elector)
 
     def _run_elector(self, elector: LeaderElectorLike) -> None:
-        try:
-            elector.run(self._elector_stop)
-        except Exception as exc:
-            log.error("leader election crashed", error_type=type(exc).__name__, error=str(exc))
+        _run_logged("leader election crashed", elector.run, self._elector_stop)
         if not self._elector_stop.is_set():
             # Run only returns early when leadership was lost (or never kept): restart.
             self._lose_leadership("leader election ended")
@@ -285,9 +240,7 @@ class Manager:
 
     def _on_stopped_leading(self) -> None:
         with self._lock:
-            stopping = self._stopping
-            if stopping:
-                self._leading = False
+            stopping, self._leading = self._stopping, False
         if stopping:
             log.info("leadership released")
         else:
@@ -303,35 +256,15 @@ class Manager:
         self._stop.set()
 
     def _start_runnables(self, *, leader_only: bool) -> None:
-        for runnable in self._runnables:
-            if runnable.need_leader_election != leader_only:
-                continue
-            thread = threading.Thread(
-                target=self._run_runnable, args=(runnable,),
-                name=f"runnable-{runnable.name}", daemon=True,
-            )
-            self._runnable_threads[runnable.name] = thread
-            thread.start()
-
-    def _run_runnable(self, runnable: _Runnable) -> None:
-        try:
-            runnable.fn(self._runnable_stop)
-        except Exception as exc:
-            log.error(
-                "runnable crashed", runnable=runnable.name,
-                error_type=type(exc).__name__, error=str(exc),
-            )
-
-    # -- stopping ---------------------------------------------------------------------
+        for name, (fn, need_leader_election) in self._runnables.items():
+            if need_leader_election == leader_only:
+                self._runnable_threads[name] = _spawn(
+                    f"runnable-{name}", _run_logged, "runnable crashed", fn,
+                    self._runnable_stop, runnable=name)
 
     def _shutdown(self) -> int:
         """Stop in order within one budget; 1 if the workers did not drain in their share.
-
-        After lost leadership there is no drain (controller-runtime skips it too):
-        another replica may lead one lease duration after our last renewal, and a
-        reconcile allowed to finish (a Himitsu fetch may take 30 s) would write next to
-        it. The process exits with its workers still in flight instead.
-        """
+        After lost leadership there is no drain (docs/design/manager.md)."""
         with self._lock:
             self._stopping = True
             lost = self._lost_leadership
@@ -371,8 +304,7 @@ class Manager:
     def _release_lease(self, seconds: float) -> bool:
         # The elector closes the gate, waits for writes it let through, then releases.
         self._elector_stop.set()
-        threads = [] if self._elector_thread is None else [self._elector_thread]
-        return join_all(threads, seconds)
+        return join_all([self._elector_thread] if self._elector_thread else [], seconds)
 
     def _stop_informers(self, seconds: float) -> bool:
         self._informer_stop.set()
@@ -383,8 +315,6 @@ class Manager:
             self._metrics_server.stop()
             self._metrics_server = None
         self._probes.stop()
-
-    # -- probes -----------------------------------------------------------------------
 
     def _dead(self, threads: dict[str, threading.Thread]) -> list[str]:
         with self._lock:
@@ -407,17 +337,28 @@ class Manager:
         pending = [i.name for i in self._informers if not i.has_synced()]
         return f"waiting for caches: {', '.join(pending) or 'starting'}"
 
-    def _check_watches(self) -> str | None:
-        failing = _over([(i.name, i.unhealthy_for()) for i in self._informers],
-                        UNHEALTHY_WATCH_THRESHOLD)
-        return f"watches failing to reconnect: {failing}" if failing else None
+    def _watches_over(self, seconds_of: Callable[[InformerLike], float], threshold: float,
+                      what: str) -> Check:
+        """A check failing with ``what`` while an informer's ``seconds_of`` is over
+        ``threshold``."""
+        def check() -> str | None:
+            seconds = [(i.name, seconds_of(i)) for i in self._informers]
+            over = ", ".join(f"{name} ({s:.0f}s)" for name, s in seconds if s > threshold)
+            return f"{what}: {over}" if over else None
 
-    def _check_watches_alive(self) -> str | None:
-        stalled = _over([(i.name, i.stalled_for()) for i in self._informers],
-                        self._watch_liveness_timeout)
-        return f"apiserver answers but no watch works: {stalled}" if stalled else None
+        return check
 
 
-def _over(seconds_by_name: list[tuple[str, float]], threshold: float) -> str:
-    return ", ".join(f"{name} ({seconds:.0f}s)" for name, seconds in seconds_by_name
-                     if seconds > threshold)
+def _spawn(name: str, target: Callable[..., object], *args: object, **kwargs: object,
+           ) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _run_logged(crashed: str, run: Callable[[threading.Event], object], stop: threading.Event,
+                **fields: str) -> None:
+    try:
+        run(stop)
+    except Exception as exc:  # reported by /healthz; the log says why
+        log.error(crashed, **fields, error_type=type(exc).__name__, error=str(exc))

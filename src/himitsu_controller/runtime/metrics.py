@@ -9,7 +9,6 @@ Design: docs/design/metrics.md
 
 from __future__ import annotations
 
-import http.server
 import threading
 import weakref
 from collections.abc import Iterable
@@ -21,10 +20,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from .httpserver import HTTPServerHandle, serve
+from .httpserver import Handler, HTTPServerHandle, serve
 from .metricsauth import SecureServing
-
-__all__ = ["REGISTRY", "HTTPServerHandle", "leader_election_master_status", "start_metrics_server"]
+from .parts import InformerLike
 
 # `_created` series double the exposition size and no controller-runtime dashboard uses them.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -44,261 +42,157 @@ RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
 WORKQUEUE_DURATION_BUCKETS: tuple[float, ...] = tuple(1e-8 * 10.0**i for i in range(12))
 
 # Reconcile result label values (controller-runtime's labelError, labelRequeueAfter, ...).
-RESULT_SUCCESS = "success"
-RESULT_ERROR = "error"
-RESULT_REQUEUE = "requeue"
-RESULT_REQUEUE_AFTER = "requeue_after"
-RESULTS = (RESULT_SUCCESS, RESULT_ERROR, RESULT_REQUEUE, RESULT_REQUEUE_AFTER)
+RESULTS = ("success", "error", "requeue", "requeue_after")
 
-reconcile_total = Counter(
-    "controller_runtime_reconcile_total",
-    "Total number of reconciliations per controller",
-    ["controller", "result"],
-    registry=REGISTRY,
-)
-reconcile_errors_total = Counter(
-    "controller_runtime_reconcile_errors_total",
-    "Total number of reconciliation errors per controller",
-    ["controller"],
-    registry=REGISTRY,
-)
-reconcile_panics_total = Counter(
-    "controller_runtime_reconcile_panics_total",
-    "Total number of reconciliation panics per controller",
-    ["controller"],
-    registry=REGISTRY,
-)
-reconcile_time_seconds = Histogram(
-    "controller_runtime_reconcile_time_seconds",
-    "Length of time per reconciliation per controller",
-    ["controller"],
-    buckets=RECONCILE_TIME_BUCKETS,
-    registry=REGISTRY,
-)
-max_concurrent_reconciles = Gauge(
-    "controller_runtime_max_concurrent_reconciles",
-    "Maximum number of concurrent reconciles per controller",
-    ["controller"],
-    registry=REGISTRY,
-)
-active_workers = Gauge(
-    "controller_runtime_active_workers",
-    "Number of currently used workers per controller",
-    ["controller"],
-    registry=REGISTRY,
-)
+reconcile_total = Counter("controller_runtime_reconcile_total",
+                          "Total number of reconciliations per controller",
+                          ["controller", "result"], registry=REGISTRY)
+reconcile_errors_total = Counter("controller_runtime_reconcile_errors_total",
+                                 "Total number of reconciliation errors per controller",
+                                 ["controller"], registry=REGISTRY)
+reconcile_panics_total = Counter("controller_runtime_reconcile_panics_total",
+                                 "Total number of reconciliation panics per controller",
+                                 ["controller"], registry=REGISTRY)
+reconcile_time_seconds = Histogram("controller_runtime_reconcile_time_seconds",
+                                   "Length of time per reconciliation per controller",
+                                   ["controller"], buckets=RECONCILE_TIME_BUCKETS,
+                                   registry=REGISTRY)
+max_concurrent_reconciles = Gauge("controller_runtime_max_concurrent_reconciles",
+                                  "Maximum number of concurrent reconciles per controller",
+                                  ["controller"], registry=REGISTRY)
+active_workers = Gauge("controller_runtime_active_workers",
+                       "Number of currently used workers per controller",
+                       ["controller"], registry=REGISTRY)
 
-workqueue_depth = Gauge(
-    "workqueue_depth",
-    "Current depth of workqueue by workqueue and priority",
-    ["name", "controller", "priority"],
-    registry=REGISTRY,
-)
-workqueue_adds_total = Counter(
-    "workqueue_adds_total",
-    "Total number of adds handled by workqueue",
-    ["name", "controller"],
-    registry=REGISTRY,
-)
-workqueue_retries_total = Counter(
-    "workqueue_retries_total",
-    "Total number of retries handled by workqueue",
-    ["name", "controller"],
-    registry=REGISTRY,
-)
+_QUEUE = ["name", "controller"]
+workqueue_depth = Gauge("workqueue_depth",
+                        "Current depth of workqueue by workqueue and priority",
+                        [*_QUEUE, "priority"], registry=REGISTRY)
+workqueue_adds_total = Counter("workqueue_adds_total",
+                               "Total number of adds handled by workqueue",
+                               _QUEUE, registry=REGISTRY)
+workqueue_retries_total = Counter("workqueue_retries_total",
+                                  "Total number of retries handled by workqueue",
+                                  _QUEUE, registry=REGISTRY)
 workqueue_queue_duration_seconds = Histogram(
     "workqueue_queue_duration_seconds",
     "How long in seconds an item stays in workqueue before being requested",
-    ["name", "controller"],
-    buckets=WORKQUEUE_DURATION_BUCKETS,
-    registry=REGISTRY,
-)
+    _QUEUE, buckets=WORKQUEUE_DURATION_BUCKETS, registry=REGISTRY)
 workqueue_work_duration_seconds = Histogram(
     "workqueue_work_duration_seconds",
     "How long in seconds processing an item from workqueue takes.",
-    ["name", "controller"],
-    buckets=WORKQUEUE_DURATION_BUCKETS,
-    registry=REGISTRY,
-)
+    _QUEUE, buckets=WORKQUEUE_DURATION_BUCKETS, registry=REGISTRY)
 
 events_total = Counter(
     "event_recorder_events_total",
     "Events handed to the Event recorder, by outcome (sent, dropped: queue full or "
     "shutdown, filtered: spam filter, failed: refused or unreachable after retries)",
-    ["outcome"],
-    registry=REGISTRY,
-)
+    ["outcome"], registry=REGISTRY)
 leader_election_master_status = Gauge(
     "leader_election_master_status",
     "Gauge of if the reporting system is master of the relevant lease, "
     "0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. "
     "Please make sure to group by name.",
-    ["name"],
-    registry=REGISTRY,
-)
+    ["name"], registry=REGISTRY)
 
 
-class InFlightSource(Protocol):
-    """What the scrape-time collector needs from a queue: who it is and its busy time."""
+class QueueSource(Protocol):
+    """A work queue as the scrape-time gauges see it."""
 
-    @property
-    def metrics_labels(self) -> tuple[str, str]:
-        """(name, controller) label values."""
-        ...
+    metrics_labels: tuple[str, str]  # (name, controller)
 
-    def in_flight_seconds(self) -> list[float]:
-        """How long each item currently being processed has been processing."""
-        ...
+    def in_flight_seconds(self) -> list[float]: ...  # each processing item's time so far
 
 
-class _InFlightCollector(Collector):
-    """Computes the unfinished-work gauges from live queues at scrape time.
-
-    Queues are held weakly so a queue dropped without shut_down (tests, a failed start)
-    does not leak or keep reporting.
-    """
+class _ScrapeTimeCollector(Collector):
+    """The in-progress gauges, computed at scrape time from live queues and informers
+    (held weakly: one dropped without shutting down stops reporting)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sources: weakref.WeakSet[InFlightSource] = weakref.WeakSet()
+        self._queues: weakref.WeakSet[QueueSource] = weakref.WeakSet()
+        self._informers: weakref.WeakSet[InformerLike] = weakref.WeakSet()
 
-    def register(self, source: InFlightSource) -> None:
+    def add_queue(self, source: QueueSource) -> None:
         with self._lock:
-            self._sources.add(source)
+            self._queues.add(source)
 
-    def unregister(self, source: InFlightSource) -> None:
+    def add_informer(self, source: InformerLike) -> None:
         with self._lock:
-            self._sources.discard(source)
+            self._informers.add(source)
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
-        # Describing (rather than collecting) at registration keeps registration cheap
-        # and lets the registry detect name clashes with the families below.
-        return self._families({})
+        return self._families({}, {})
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         with self._lock:
-            sources = list(self._sources)
-        # Two queues may share labels (a test, a restarted controller): sum the unfinished
-        # time and take the max of the longest, as one logical queue would report.
+            queues, informers = list(self._queues), list(self._informers)
+        # Sources sharing labels (a test, a restarted controller) report as one would.
         totals: dict[tuple[str, str], tuple[float, float]] = {}
-        for source in sources:
-            busy = source.in_flight_seconds()
-            total, longest = totals.get(source.metrics_labels, (0.0, 0.0))
-            totals[source.metrics_labels] = (total + sum(busy), max([longest, *busy]))
-        return self._families(totals)
+        for queue in queues:
+            busy = queue.in_flight_seconds()
+            total, longest = totals.get(queue.metrics_labels, (0.0, 0.0))
+            totals[queue.metrics_labels] = (total + sum(busy), max([longest, *busy]))
+        failing: dict[str, float] = {}
+        for informer in informers:
+            failing[informer.name] = max(failing.get(informer.name, 0.0),
+                                         informer.unhealthy_for())
+        return self._families(totals, failing)
 
     @staticmethod
-    def _families(
-        totals: dict[tuple[str, str], tuple[float, float]],
-    ) -> list[GaugeMetricFamily]:
+    def _families(totals: dict[tuple[str, str], tuple[float, float]],
+                  failing: dict[str, float]) -> list[GaugeMetricFamily]:
         unfinished = GaugeMetricFamily(
             "workqueue_unfinished_work_seconds",
             "How many seconds of work has been done that is in progress and hasn't been "
             "observed by work_duration. Large values indicate stuck threads. One can deduce "
             "the number of stuck threads by observing the rate at which this increases.",
-            labels=["name", "controller"],
-        )
+            labels=_QUEUE)
         longest = GaugeMetricFamily(
             "workqueue_longest_running_processor_seconds",
             "How many seconds has the longest running processor for workqueue been running.",
-            labels=["name", "controller"],
-        )
-        for labels, (total, longest_seconds) in sorted(totals.items()):
-            unfinished.add_metric(list(labels), total)
-            longest.add_metric(list(labels), longest_seconds)
-        return [unfinished, longest]
-
-
-in_flight_collector = _InFlightCollector()
-REGISTRY.register(in_flight_collector)
-
-
-class WatchSource(Protocol):
-    """What the watch gauge needs from an informer: its name and how long it has had no
-    working watch (0 when it has one)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def unhealthy_for(self) -> float: ...
-
-
-class _WatchCollector(Collector):
-    """``informer_watch_failing_seconds{name}`` at scrape time, from live informers (held
-    weakly): what /readyz checks, for an alert that says which cache and for how long."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sources: weakref.WeakSet[WatchSource] = weakref.WeakSet()
-
-    def register(self, source: WatchSource) -> None:
-        with self._lock:
-            self._sources.add(source)
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return [self._family()]
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        with self._lock:
-            sources = list(self._sources)
-        failing: dict[str, float] = {}
-        for source in sources:
-            failing[source.name] = max(failing.get(source.name, 0.0), source.unhealthy_for())
-        family = self._family()
-        for name, seconds in sorted(failing.items()):
-            family.add_metric([name], seconds)
-        return [family]
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
+            labels=_QUEUE)
+        watch = GaugeMetricFamily(
             "informer_watch_failing_seconds",
             "Seconds since the informer's list/watch started failing without a working watch "
             "since (0: watching). /readyz fails past 30 s.",
             labels=["name"])
+        for labels, (total, longest_seconds) in sorted(totals.items()):
+            unfinished.add_metric(list(labels), total)
+            longest.add_metric(list(labels), longest_seconds)
+        for name, seconds in sorted(failing.items()):
+            watch.add_metric([name], seconds)
+        return [unfinished, longest, watch]
 
 
-watch_collector = _WatchCollector()
-REGISTRY.register(watch_collector)
+scrape_time = _ScrapeTimeCollector()
+REGISTRY.register(scrape_time)
 # process_cpu_seconds_total, process_resident_memory_bytes, ...: as every Go operator has.
 prometheus_client.ProcessCollector(registry=REGISTRY)
 
 
-class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+class _MetricsHandler(Handler):
     """Serves our REGISTRY at /metrics (text exposition, or OpenMetrics if asked)."""
 
     secure: SecureServing | None = None
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.secure is not None:  # before anything else, the 404 included
             status, reason = self.secure.authorize(self.headers.get("Authorization"))
             if status != 200:
-                self._reply(status, "text/plain; charset=utf-8", f"{reason}\n".encode())
+                self.reply(status, f"{reason}\n".encode())
                 return
-        if path != "/metrics":
-            self._reply(404, "text/plain; charset=utf-8", b"not found\n")
+        if self.path.split("?", 1)[0] != "/metrics":
+            self.reply(404, b"not found\n")
             return
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        self._reply(200, content_type, encoder(REGISTRY))
-
-    def _reply(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        # Scrapes every few seconds would drown the structured log; stay quiet.
-        return
+        self.reply(200, encoder(REGISTRY), content_type)
 
 
 def start_metrics_server(addr: str, *, secure: SecureServing | None = None,
                          ) -> HTTPServerHandle | None:
     """Serve ``/metrics`` from REGISTRY on ``addr`` (":8080", "127.0.0.1:0"; "0" disables);
     ``secure``: over HTTPS, to authorized scrapers only (--metrics-secure)."""
-    if secure is None:
-        return serve(addr, _MetricsHandler, thread_name="metrics-server")
-    handler = type("_SecureMetricsHandler", (_MetricsHandler,), {"secure": secure})
-    return serve(addr, handler, thread_name="metrics-server", tls=secure.tls)
+    handler = type("_MetricsHandler", (_MetricsHandler,), {"secure": secure})
+    return serve(addr, handler, thread_name="metrics-server",
+                 tls=None if secure is None else secure.tls)

@@ -1,13 +1,11 @@
 """Secure metrics: HTTPS from a mounted certificate, each scrape authenticated and authorized.
 
-As controller-runtime's ``filters.WithAuthenticationAndAuthorization``: the bearer token
-goes to a TokenReview (401 unless the apiserver authenticates it), its user to a
-SubjectAccessReview for ``get`` on the nonResourceURL ``/metrics`` (403 unless allowed),
-whatever path was asked: it is the one thing served (any other path is a 404 after it),
-so the answer is cached briefly per token hash, one entry a token; a review that fails is
-a 500 (a token is never kept, logged or quoted). The certificate is read
-from a directory (a Secret, cert-manager) into a fresh context when its files change, so a
-renewal needs no restart and a half-written one leaves the served context alone.
+* As controller-runtime: a TokenReview (else 401), then a SubjectAccessReview for ``get``
+  on the nonResourceURL /metrics (else 403), whatever path was asked.
+* Answers cached briefly per token hash; a failed review is a 500; a token is never kept,
+  logged or quoted. The certificate is reloaded when its files change.
+
+Design: docs/design/metrics.md
 """
 
 from __future__ import annotations
@@ -20,9 +18,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
+
+from .parts import Requester
 
 log = structlog.get_logger(__name__)
 
@@ -35,11 +35,6 @@ REVIEW_TIMEOUT = 5.0
 METRICS_PATH = "/metrics"  # the nonResourceURL reviewed, whatever path was asked for
 
 
-class ReviewClient(Protocol):
-    def request(self, method: str, path: str, *, body: Any = None,
-                timeout: float = 30.0) -> dict[str, Any]: ...
-
-
 @dataclass(frozen=True)
 class SecureServing:
     """What ``start_metrics_server`` needs to serve HTTPS and check each scrape."""
@@ -49,13 +44,12 @@ class SecureServing:
 
 
 class ServingCert:
-    """``tls.crt`` and ``tls.key`` of ``cert_dir`` in a server ``context``, replaced by a
-    fresh one when the files change (never modified while handshakes use it)."""
+    """``tls.crt`` and ``tls.key`` of ``cert_dir`` in a server context, replaced by a fresh
+    one when the files change (never modified while handshakes use it)."""
 
-    def __init__(self, cert_dir: str, *, cert_name: str = "tls.crt",
-                 key_name: str = "tls.key") -> None:
-        self.cert_file = os.path.join(cert_dir, cert_name)
-        self.key_file = os.path.join(cert_dir, key_name)
+    def __init__(self, cert_dir: str) -> None:
+        self.cert_file = os.path.join(cert_dir, "tls.crt")
+        self.key_file = os.path.join(cert_dir, "tls.key")
         self._lock = threading.Lock()
         # A missing or bad pair fails the start (OSError, ssl.SSLError).
         self._loaded = self._stamp()
@@ -71,35 +65,28 @@ class ServingCert:
         return context
 
     def current(self) -> ssl.SSLContext:
-        """The context to serve the next handshake with, the files read again if changed."""
-        self.refresh()
-        return self.context
-
-    def refresh(self) -> None:
-        """Load the pair again if either file changed; keep the old one if that fails."""
+        """The context for the next handshake, the pair loaded again if either file changed
+        (the old one kept if that fails)."""
         with self._lock:
             try:
                 stamp = self._stamp()
-                if stamp == self._loaded:
-                    return
-                self.context = self._load()
+                if stamp != self._loaded:
+                    self.context, self._loaded = self._load(), stamp
+                    log.info("metrics certificate reloaded", cert_file=self.cert_file)
             except (OSError, ssl.SSLError) as exc:
                 log.warning("cannot reload the metrics certificate; serving the old one",
                             cert_file=self.cert_file, error_type=type(exc).__name__)
-                return
-            self._loaded = stamp
-            log.info("metrics certificate reloaded", cert_file=self.cert_file)
+            return self.context
 
 
 class ScrapeAuthorizer:
     """``authorize(authorization_header) -> (status, reason)``: 200 when the token's user
     may ``get /metrics``."""
 
-    def __init__(self, client: ReviewClient, *, clock: Callable[[], float] = time.monotonic,
-                 allowed_ttl: float = ALLOWED_TTL, denied_ttl: float = DENIED_TTL) -> None:
+    def __init__(self, client: Requester, *, clock: Callable[[], float] = time.monotonic,
+                 ) -> None:
         self._client = client
         self._clock = clock
-        self._ttl = {True: allowed_ttl, False: denied_ttl}
         self._cache: OrderedDict[str, tuple[float, int, str]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -114,16 +101,17 @@ class ScrapeAuthorizer:
             cached = self._cache.get(key)
             if cached is not None and cached[0] > now:
                 return cached[1], cached[2]
-        status, reason = self._review(token, METRICS_PATH, "get")
+        status, reason = self._review(token)
         if status in (200, 401, 403):
             with self._lock:
-                self._cache[key] = (now + self._ttl[status == 200], status, reason)
+                ttl = ALLOWED_TTL if status == 200 else DENIED_TTL
+                self._cache[key] = (now + ttl, status, reason)
                 self._cache.move_to_end(key)
                 while len(self._cache) > CACHE_ENTRIES:
                     self._cache.popitem(last=False)
         return status, reason
 
-    def _review(self, token: str, path: str, verb: str) -> tuple[int, str]:
+    def _review(self, token: str) -> tuple[int, str]:
         try:
             review = self._client.request("POST", TOKEN_REVIEWS, timeout=REVIEW_TIMEOUT, body={
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
@@ -137,10 +125,8 @@ class ScrapeAuthorizer:
         user = status.get("user") or {}
         spec: dict[str, Any] = {
             "user": user.get("username", ""), "groups": user.get("groups") or [],
-            "nonResourceAttributes": {"path": path, "verb": verb}}
-        for name in ("uid", "extra"):
-            if user.get(name):
-                spec[name] = user[name]
+            "nonResourceAttributes": {"path": METRICS_PATH, "verb": "get"}}
+        spec.update({name: user[name] for name in ("uid", "extra") if user.get(name)})
         try:
             access = self._client.request("POST", ACCESS_REVIEWS, timeout=REVIEW_TIMEOUT, body={
                 "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
@@ -149,5 +135,5 @@ class ScrapeAuthorizer:
             log.error("SubjectAccessReview failed", error_type=type(exc).__name__)
             return 500, "Internal Server Error: authorization failed"
         if not (access.get("status") or {}).get("allowed"):
-            return 403, f"Forbidden: user may not {verb} {path}"
+            return 403, f"Forbidden: user may not get {METRICS_PATH}"
         return 200, ""

@@ -1,17 +1,21 @@
-"""What the manager drives: the shapes of its parts, as protocols.
+"""The shapes of the runtime's parts, as protocols: the only methods called on each.
 
 Why protocols: the manager is generic (it knows no resource, reconciler or Lease), and
-its tests drive it with fakes; these are the only methods it calls on each part.
+its tests drive it with fakes.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["ControllerLike", "EventFlusher", "InformerLike", "LeaderElectionFactory",
-           "LeaderElectorLike"]
+
+class Requester(Protocol):
+    """The part of ``RestClient`` the Event recorder and the scrape authorizer use."""
+
+    def request(self, method: str, path: str, *, body: Any = None,
+                timeout: float = 30.0) -> dict[str, Any]: ...
 
 
 class InformerLike(Protocol):
@@ -48,8 +52,6 @@ class EventFlusher(Protocol):
 
 class LeaderElectorLike(Protocol):
     def run(self, stop: threading.Event) -> bool: ...
-
-    def is_leader(self) -> bool: ...
 
 
 # (on_started_leading, on_stopped_leading) -> an elector wired to them.

@@ -45,9 +45,8 @@ class Resync:
 
     def tick(self) -> int:
         """Queue every key once; returns how many."""
-        count = 0
-        for key in list(self._keys()):
+        keys = list(self._keys())
+        for key in keys:
             self._enqueue_after(key, 0.0)
-            count += 1
-        log.info("periodic resync", keys=count)
-        return count
+        log.info("periodic resync", keys=len(keys))
+        return len(keys)

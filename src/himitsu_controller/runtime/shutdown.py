@@ -1,18 +1,15 @@
 """One budget for the whole shutdown: every step bounded, the total within one timeout.
 
-Why: the kubelet SIGKILLs a pod terminationGracePeriodSeconds after SIGTERM (40 s in
-deploy/manager/manager.yaml). A shutdown whose steps each wait "a bit" (drain 30 s,
-then the Lease release 10 s, then informers 10 s, then Events 2 s) adds up past that,
-and the SIGKILL then lands in the middle of whatever step is slowest. So the manager
-stops through a ``Budget``: the drain gets what the total leaves after a reserve for the
-steps behind it, and each later step gets its own cap or what is left, whichever is
-less. A step that does not finish in its share (a worker stuck in a reconcile, an
-informer stuck in a LIST) is recorded as unfinished and the shutdown moves on: every
-thread it leaves behind is a daemon and dies with the process.
+* The kubelet SIGKILLs terminationGracePeriodSeconds after SIGTERM: steps that each wait
+  "a bit" would add up past it. The drain gets what a reserve for later steps leaves.
+* A step not done in its share is recorded unfinished; its daemon threads die with us.
+
+Design: docs/design/manager.md
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -21,8 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from threading import Thread
 from types import FrameType
-
-__all__ = ["Budget", "Step", "StopSignals", "join_all"]
 
 
 @dataclass(frozen=True)
@@ -43,16 +38,12 @@ class Budget:
         self._deadline = clock() + self.total
         self.steps: list[Step] = []
 
-    def remaining(self) -> float:
-        return max(0.0, self._deadline - self._clock())
-
     def run(self, name: str, step: Callable[[float], bool], *, cap: float | None = None,
             keep: float = 0.0) -> bool:
         """Run ``step(seconds)`` with at most ``cap`` seconds, leaving ``keep`` for later
         steps; True when it finished in time."""
-        allowed = max(0.0, self.remaining() - keep)
-        if cap is not None:
-            allowed = min(allowed, cap)
+        allowed = min(max(0.0, self._deadline - self._clock() - keep),
+                      math.inf if cap is None else cap)
         finished = step(allowed)
         self.steps.append(Step(name, allowed, finished))
         return finished
@@ -63,13 +54,12 @@ class Budget:
         return sum(step.allowed for step in self.steps)
 
 
-def join_all(threads: Iterable[Thread], seconds: float, *,
-             clock: Callable[[], float] = time.monotonic) -> bool:
+def join_all(threads: Iterable[Thread], seconds: float) -> bool:
     """Join every thread within ``seconds`` in all; True when none is left alive."""
-    deadline = clock() + seconds
+    deadline = time.monotonic() + seconds
     pending = list(threads)
     for thread in pending:
-        thread.join(max(0.0, deadline - clock()))
+        thread.join(max(0.0, deadline - time.monotonic()))
     return not any(thread.is_alive() for thread in pending)
 
 

@@ -16,7 +16,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -25,35 +25,24 @@ from . import metrics
 Clock = Callable[[], float]
 
 # Lane indices: a lower number is served first and wins when a key is asked for in both.
-_HIGH = 0
-_LOW = 1
-# Rebuild the LOW lane once its stale entries outnumber the live ones (and this many):
-# keeps memory bounded when events keep moving keys up while polls are starved.
-_COMPACT_MIN_STALE = 64
+_HIGH, _LOW = 0, 1
 
 
 class RateLimiter(Protocol):
-    """How long a key should wait before its next retry (client-go's RateLimiter)."""
+    """client-go's RateLimiter: ``when`` records a failure and returns its delay (seconds),
+    ``forget`` starts a key from the base delay again, ``num_requeues`` counts failures."""
 
-    def when(self, item: str) -> float:
-        """Record one more failure of ``item`` and return its delay in seconds."""
-        ...
+    def when(self, item: str) -> float: ...
 
-    def forget(self, item: str) -> None:
-        """Stop tracking ``item``: its next failure starts from the base delay again."""
-        ...
+    def forget(self, item: str) -> None: ...
 
-    def num_requeues(self, item: str) -> int:
-        """How many failures of ``item`` are being tracked."""
-        ...
+    def num_requeues(self, item: str) -> int: ...
 
 
 class ItemExponentialFailureRateLimiter:
     """Per-key delay ``base * 2**failures``, capped at ``max_delay``."""
 
     def __init__(self, base: float = 0.005, max_delay: float = 1000.0) -> None:
-        if base <= 0 or max_delay <= 0:
-            raise ValueError("base and max_delay must be positive")
         self._base = base
         self._max_delay = max_delay
         self._failures: dict[str, int] = {}
@@ -63,8 +52,7 @@ class ItemExponentialFailureRateLimiter:
         with self._lock:
             exponent = self._failures.get(item, 0)
             self._failures[item] = exponent + 1
-        # Clamp the exponent so the float maths cannot overflow on a key failing forever;
-        # a float product that overflows becomes inf, which min() turns into max_delay.
+        # The exponent clamped: 2.0 ** 1024 would raise OverflowError on a key failing forever.
         return min(self._base * 2.0 ** min(exponent, 1023), self._max_delay)
 
     def forget(self, item: str) -> None:
@@ -77,11 +65,8 @@ class ItemExponentialFailureRateLimiter:
 
 
 class BucketRateLimiter:
-    """An overall token bucket (``qps`` refill, ``burst`` capacity) shared by all keys.
-
-    ``when()`` reserves a token and returns how long until it is available, so a
-    storm of retries across many keys is spread out instead of hammering the API.
-    """
+    """An overall token bucket (``qps`` refill, ``burst`` capacity) shared by all keys:
+    ``when()`` reserves a token and returns how long until it is available."""
 
     def __init__(self, qps: float = 10.0, burst: int = 100, *, clock: Clock = time.monotonic):
         if qps <= 0 or burst < 1:
@@ -104,7 +89,7 @@ class BucketRateLimiter:
             return 0.0 if self._tokens >= 0 else -self._tokens / self._qps
 
     def forget(self, item: str) -> None:
-        return  # the bucket is shared; there is nothing per key to forget
+        return  # the bucket is shared: nothing per key
 
     def num_requeues(self, item: str) -> int:
         return 0
@@ -114,8 +99,6 @@ class MaxOfRateLimiter:
     """The longest delay of several limiters (every limiter records the failure)."""
 
     def __init__(self, *limiters: RateLimiter) -> None:
-        if not limiters:
-            raise ValueError("MaxOfRateLimiter needs at least one limiter")
         self._limiters = limiters
 
     def when(self, item: str) -> float:
@@ -140,14 +123,9 @@ def default_controller_rate_limiter(*, clock: Clock = time.monotonic) -> MaxOfRa
 class RateLimitingQueue:
     """Work queue with delays and per-key rate limiting; see the module docstring."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        controller: str | None = None,
-        rate_limiter: RateLimiter | None = None,
-        clock: Clock = time.monotonic,
-    ) -> None:
+    def __init__(self, name: str, *, controller: str | None = None,
+                 rate_limiter: RateLimiter | None = None, clock: Clock = time.monotonic,
+                 ) -> None:
         self.name = name
         self._rate_limiter = rate_limiter or default_controller_rate_limiter(clock=clock)
         self._clock = clock
@@ -156,10 +134,8 @@ class RateLimitingQueue:
         # a single condition could hand a worker's wake-up to a drainer.
         self._item_ready = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
-        # Each lane holds (seq, key); an entry is live only while _entry[key] == seq.
-        self._lanes: tuple[deque[tuple[int, str]], ...] = (deque(), deque())
-        self._entry: dict[str, int] = {}  # queued key -> seq of its live lane entry
-        self._stale = 0  # entries left behind in the LOW lane by moves to HIGH
+        # The keys waiting in each lane, oldest first; a key is in one lane at most.
+        self._lanes: tuple[OrderedDict[str, None], ...] = (OrderedDict(), OrderedDict())
         self._dirty: dict[str, int] = {}  # key to (re)queue -> best lane asked for
         self._processing: dict[str, float] = {}  # key -> processing start (clock)
         self._added_at: dict[str, float] = {}  # key -> first add while dirty (clock)
@@ -167,16 +143,14 @@ class RateLimitingQueue:
         self._waiting_entry: dict[str, tuple[float, int]] = {}  # key -> its live heap entry
         self._seq = itertools.count()
         self._shutting_down = False
-        self._labels = (name, controller or name)
-        self._depth = metrics.workqueue_depth.labels(*self._labels, "")
-        self._adds = metrics.workqueue_adds_total.labels(*self._labels)
-        self._retries = metrics.workqueue_retries_total.labels(*self._labels)
-        self._latency = metrics.workqueue_queue_duration_seconds.labels(*self._labels)
-        self._work_duration = metrics.workqueue_work_duration_seconds.labels(*self._labels)
+        self.metrics_labels = labels = (name, controller or name)
+        self._depth = metrics.workqueue_depth.labels(*labels, "")
+        self._adds = metrics.workqueue_adds_total.labels(*labels)
+        self._retries = metrics.workqueue_retries_total.labels(*labels)
+        self._latency = metrics.workqueue_queue_duration_seconds.labels(*labels)
+        self._work_duration = metrics.workqueue_work_duration_seconds.labels(*labels)
         self._depth.set(0)
-        metrics.in_flight_collector.register(self)
-
-    # -- adding -------------------------------------------------------------------
+        metrics.scrape_time.add_queue(self)
 
     def add(self, item: str) -> None:
         """Queue ``item`` in the HIGH lane unless it is already there (deferred if it
@@ -223,8 +197,6 @@ class RateLimitingQueue:
     def num_requeues(self, item: str) -> int:
         return self._rate_limiter.num_requeues(item)
 
-    # -- taking -------------------------------------------------------------------
-
     def get(self, timeout: float | None = None) -> tuple[str | None, bool]:
         """Take the next key: ``(key, False)``, ``(None, False)`` on timeout, or
         ``(None, True)`` once the queue is shutting down. Call ``done(key)`` after."""
@@ -235,11 +207,15 @@ class RateLimitingQueue:
                     return None, True
                 now = self._clock()
                 self._promote_ready(now)
-                if self._entry:
+                if self._lanes[_HIGH] or self._lanes[_LOW]:
                     return self._take_locked(now), False
                 if deadline is not None and time.monotonic() >= deadline:
                     return None, False
-                self._item_ready.wait(self._next_wait(now, deadline))
+                # Sleep until the caller's deadline or the next delayed key, if any.
+                waits = [self._waiting[0][0] - now] if self._waiting else []
+                if deadline is not None:
+                    waits.append(deadline - time.monotonic())
+                self._item_ready.wait(min(waits, default=None))
 
     def done(self, item: str) -> None:
         """Finish processing ``item``; if it was re-added meanwhile, queue it again."""
@@ -253,8 +229,6 @@ class RateLimitingQueue:
                 self._enqueue_locked(item, lane)
             if not self._processing:
                 self._idle.notify_all()
-
-    # -- shutting down ------------------------------------------------------------
 
     def shut_down(self) -> None:
         """Refuse new keys, drop delayed ones, and release every waiting ``get()``."""
@@ -279,20 +253,14 @@ class RateLimitingQueue:
         """Keys ready to be handed out (not those processing or still delayed)."""
         with self._lock:
             self._promote_ready(self._clock())
-            return len(self._entry)
-
-    # -- metrics source -------------------------------------------------------------
-
-    @property
-    def metrics_labels(self) -> tuple[str, str]:
-        return self._labels
+            return len(self._lanes[_HIGH]) + len(self._lanes[_LOW])
 
     def in_flight_seconds(self) -> list[float]:
         with self._lock:
             now = self._clock()
             return [max(0.0, now - started) for started in self._processing.values()]
 
-    # -- internals (lock held) ------------------------------------------------------
+    # Below: the lock is held.
 
     def _add_locked(self, item: str, now: float, lane: int) -> None:
         if self._shutting_down:
@@ -301,10 +269,9 @@ class RateLimitingQueue:
         if current is not None:
             if lane < current:  # asked for a better lane: upgrade, never downgrade
                 self._dirty[item] = lane
-                if item in self._entry:  # waiting (not processing): move it up now
-                    self._stale += 1
+                if item in self._lanes[current]:  # waiting (not processing): move it up now
+                    del self._lanes[current][item]
                     self._enqueue_locked(item, lane)
-                    self._compact_low_locked()
             return
         self._adds.inc()
         self._dirty[item] = lane
@@ -315,39 +282,17 @@ class RateLimitingQueue:
         self._enqueue_locked(item, lane)
 
     def _enqueue_locked(self, item: str, lane: int) -> None:
-        seq = next(self._seq)
-        self._entry[item] = seq  # any older entry for item is stale from now on
-        self._lanes[lane].append((seq, item))
+        self._lanes[lane][item] = None
         self._item_ready.notify()
 
     def _take_locked(self, now: float) -> str:
-        """Pop the first live entry, HIGH lane first (callers ensure one exists)."""
-        for queue in self._lanes:
-            while queue:
-                seq, item = queue.popleft()
-                if self._entry.get(item) != seq:
-                    self._stale -= 1
-                    continue
-                del self._entry[item]
-                del self._dirty[item]
-                self._depth.set(len(self._dirty))
-                self._processing[item] = now
-                added = self._added_at.pop(item, None)
-                if added is not None:
-                    self._latency.observe(max(0.0, now - added))
-                return item
-        raise AssertionError("no live entry although _entry is not empty")
-
-    def _compact_low_locked(self) -> None:
-        """Drop stale LOW entries once they outnumber live ones: amortised O(1), since
-        each rebuild removes at least as many entries as it keeps."""
-        low = self._lanes[_LOW]
-        if self._stale < _COMPACT_MIN_STALE or 2 * self._stale < len(low):
-            return
-        live = [(seq, item) for seq, item in low if self._entry.get(item) == seq]
-        low.clear()
-        low.extend(live)
-        self._stale = 0
+        """Pop the oldest key, HIGH lane first (callers ensure there is one)."""
+        item, _ = (self._lanes[_HIGH] or self._lanes[_LOW]).popitem(last=False)
+        del self._dirty[item]
+        self._depth.set(len(self._dirty))
+        self._processing[item] = now
+        self._latency.observe(max(0.0, now - self._added_at.pop(item)))
+        return item
 
     def _promote_ready(self, now: float) -> None:
         while self._waiting and self._waiting[0][0] <= now:
@@ -356,12 +301,3 @@ class RateLimitingQueue:
                 continue  # superseded by an earlier add_after for the same key
             del self._waiting_entry[item]
             self._add_locked(item, now, _LOW)
-
-    def _next_wait(self, now: float, deadline: float | None) -> float | None:
-        """Seconds to sleep: until the caller's deadline or the next delayed key."""
-        waits: list[float] = []
-        if deadline is not None:
-            waits.append(deadline - time.monotonic())
-        if self._waiting:
-            waits.append(self._waiting[0][0] - now)
-        return min(waits) if waits else None
