@@ -115,8 +115,12 @@ RUN ["/opt/venv/bin/himitsu-controller", "--help"]
 
 FROM scratch
 COPY --from=runtime / /
+# MALLOC_ARENA_MAX: glibc's per-thread malloc arenas hold freed memory apart; two
+# arenas cost the workers nothing under the GIL and 14 MiB less at 5,000 HimitsuSecrets
+# (make bench-memory, whose operator gets the same setting).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    MALLOC_ARENA_MAX=2 \
     LANG=C.UTF-8 \
     PATH=/opt/venv/bin:/usr/local/bin:/usr/bin
 # Last, so a new version or commit changes only the image config, not a layer.

@@ -171,6 +171,11 @@ class InCluster:
     account_dir: Path
 
 
+# What the image's final stage sets (Dockerfile ENV) that changes how the operator runs;
+# tests/unit/test_deploy.py checks the two agree.
+IMAGE_ENV = {"PYTHONUNBUFFERED": "1", "MALLOC_ARENA_MAX": "2"}
+
+
 class Operator:
     """``python -m himitsu_controller`` as its own ServiceAccount, metrics on loopback.
 
@@ -192,7 +197,7 @@ class Operator:
                 # The stand-in is plain http on loopback (production refuses http).
                 "--allow-insecure-http", *extra_args]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        env["PYTHONUNBUFFERED"] = "1"
+        env.update(IMAGE_ENV)
         self.src = src or REPO / "src"
         env["PYTHONPATH"] = str(self.src)
         if in_cluster is not None:

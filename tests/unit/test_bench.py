@@ -9,6 +9,7 @@ no clocks, no timings asserted.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import figures, memory, report  # noqa: E402
+from bench.procs import IMAGE_ENV  # noqa: E402
 from bench.report import Row, Target  # noqa: E402
 
 OPERATOR = "system:serviceaccount:himitsu-system:himitsu-operator"
@@ -298,3 +300,13 @@ def test_memory_rows_with_a_baseline_give_both_and_the_ratio() -> None:
     assert by_figure["RSS ratio (this tree / baseline)"].value == pytest.approx(0.5)
     imports = [r.figure for r in rows if r.scenario == "memory imports"]
     assert imports == ["RSS of the imports alone", "RSS of the imports alone, baseline"]
+
+
+def test_the_bench_runs_the_operator_with_the_image_s_runtime_environment() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    final = text[text.index("FROM scratch"):].replace("\\\n", " ")
+    env = dict(pair.split("=", 1) for line in final.splitlines() if line.startswith("ENV ")
+               for pair in shlex.split(line[4:]))
+    assert {k: env[k] for k in IMAGE_ENV} == IMAGE_ENV
+    assert env["MALLOC_ARENA_MAX"] == "2"
+
