@@ -166,12 +166,6 @@ class Pacer:
             self._views[key] = _ServerView(start=start, end=now + limits.reset,
                                            allowed=limits.remaining - reserve, limit=limit)
 
-    def counted(self, key: str) -> int:
-        """Requests of the key sent or placed within the log's window (for tests, logs)."""
-        with self._lock:
-            log = self._logs.get(("token", key))
-            return len(log.times) if log is not None else 0
-
     def headroom(self) -> dict[str, float]:
         """The smallest share of a budget left (0..1) over API keys and over API URLs:
         requests sent or placed in the log's window against the budget, and for a key
