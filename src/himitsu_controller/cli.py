@@ -223,7 +223,7 @@ def run(args: argparse.Namespace, *, stop: threading.Event | None = None) -> int
         shared=summary.SHARED, list_snapshots=snapshots,
         indexers={kube.OWNER_INDEX: kube.owner_uids},
     )
-    pacer = pacing.Pacer()  # one line per API key and URL, first attempts and retries
+    pacer = pacing.Pacer()  # one line per API key and URL
     metrics.report_headroom(pacer.headroom)
     client = himitsu.HimitsuClient(ca_file=args.himitsu_ca_file, observer=metrics.count_request,
                                    pacing=pacer)

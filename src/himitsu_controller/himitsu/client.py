@@ -15,7 +15,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import random
 import re
 import threading
 import time
@@ -31,13 +30,7 @@ import structlog
 from himitsu_controller import __version__
 from himitsu_controller.himitsu import wire
 from himitsu_controller.himitsu.http import Abort, BearerAuth, RawAnswer, bounded_get, new_session
-from himitsu_controller.himitsu.wire import (
-    FetchResult,
-    InvalidInput,
-    InvalidToken,
-    ServerError,
-    TransportError,
-)
+from himitsu_controller.himitsu.wire import FetchResult, InvalidInput, InvalidToken, TransportError
 
 __all__ = [
     "OUTCOMES", "TOKEN_PATTERN", "USER_AGENT", "HimitsuClient", "Pacing", "pacing_key",
@@ -62,19 +55,11 @@ _NETLOC = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|[A-Za-z0-9._-]+)(?::[0-9]
 # meaning (path parameters, escapes) by requests, urllib3, a proxy or a server.
 _PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
 MAX_API_URL_LENGTH = 2048
-_BACKOFF_CAP = 2.0
 
 
 class Pacing(Protocol):
-    """Per-attempt hook (``sync.polling.pacing.Pacer``): Himitsu counts every attempt, a
-    retry included, against the key's budget. The first attempt is the caller's to pace;
-    each retry reserves its place here. ``key`` is ``pacing_key(api_url, token)``."""
-
-    def reserve_retry(
-        self, api_url: str, key: str, *, earliest: float, latest: float,
-    ) -> float | None:
-        """Seconds to wait for a place at least ``earliest`` away; None: none before ``latest``."""
-        ...
+    """Answer hook (``sync.polling.pacing.Pacer``): the request itself is the caller's to
+    pace; this hears the server's count. ``key`` is ``pacing_key(api_url, token)``."""
 
     def answered(
         self, api_url: str, key: str, limits: wire.RateLimits, *, elapsed: float,
@@ -197,24 +182,21 @@ class HimitsuClient:
 
     def __init__(
         self, *, ca_file: str | None = None, connect_timeout: float = 5, read_timeout: float = 15,
-        deadline: float = 30, max_response_bytes: int = 16 * 1024 * 1024, retries: int = 0,
-        backoff_base: float = 0.2, session_factory: Callable[[], requests.Session] | None = None,
-        sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+        deadline: float = 30, max_response_bytes: int = 16 * 1024 * 1024,
+        session_factory: Callable[[], requests.Session] | None = None,
+        clock: Callable[[], float] = time.monotonic,
         observer: Callable[[str], None] | None = None, pacing: Pacing | None = None,
     ) -> None:
         if min(connect_timeout, read_timeout, deadline, max_response_bytes) <= 0:
             raise ValueError("timeouts, deadline and max_response_bytes must be positive")
-        if retries < 0 or backoff_base < 0:
-            raise ValueError("retries and backoff_base must not be negative")
         if ca_file is not None and not os.path.isfile(ca_file):
             raise InvalidInput(f"CA file {ca_file} does not exist or is not a file")
         # verify=True lets requests apply REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE.
         self._verify: str | bool = ca_file if ca_file is not None else True
         self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         self._deadline, self._max_bytes = deadline, max_response_bytes
-        self._retries, self._backoff_base = retries, backoff_base
         self._session_factory = session_factory or new_session
-        self._sleep, self._clock, self._observer = sleep, clock, observer
+        self._clock, self._observer = clock, observer
         self._pacing = pacing
         self._sessions: dict[str, requests.Session] = {}
         self._lock = threading.Lock()
@@ -269,7 +251,7 @@ class HimitsuClient:
             known_version=known_version if conditional else None,
             pacing_key=_fingerprint(base, "", "", digest),
         )
-        return self._fetch_with_retries(request)
+        return self._fetch(request)
 
     def _session_for(self, base: str) -> requests.Session:
         with self._lock:
@@ -284,36 +266,17 @@ class HimitsuClient:
                 self._sessions[base] = session
             return session
 
-    def _fetch_with_retries(self, request: _Request) -> FetchResult:
-        deadline = self._clock() + self._deadline  # one deadline for all attempts
-        attempt = 0
-        while True:
-            try:
-                answer = self._exchange(request, deadline)
-                result = wire.judge(answer.status, answer.headers, answer.body,
-                                    known_version=request.known_version)
-                if isinstance(result, wire.HimitsuError):
-                    raise result
-                return result
-            except (TransportError, ServerError) as error:
-                delay = min(_BACKOFF_CAP, self._backoff_base * 2**attempt)
-                delay *= random.uniform(0.5, 1.0)
-                retryable = getattr(error, "retryable", True)
-                if not retryable or attempt >= self._retries or self._clock() + delay >= deadline:
-                    raise
-                if self._pacing is not None:  # a retry costs the key's budget too
-                    slot = self._pacing.reserve_retry(
-                        request.base, request.pacing_key, earliest=delay,
-                        latest=deadline - self._clock())
-                    if slot is None:
-                        raise
-                    delay = slot
-            attempt += 1
-            _log.debug("himitsu_retry", attempt=attempt, delay=round(delay, 3))
-            self._sleep(delay)
+    def _fetch(self, request: _Request) -> FetchResult:
+        """One request (the reconcile's backoff owns the retries, issue 21 item 6)."""
+        answer = self._exchange(request, self._clock() + self._deadline)
+        result = wire.judge(answer.status, answer.headers, answer.body,
+                            known_version=request.known_version)
+        if isinstance(result, wire.HimitsuError):
+            raise result
+        return result
 
     def _exchange(self, request: _Request, deadline: float) -> RawAnswer:
-        """One HTTP attempt, counted by the observer; TransportError when no full answer."""
+        """The HTTP request, counted by the observer; TransportError when no full answer."""
         host = urlsplit(request.base).netloc
         answer: RawAnswer | None = None
         failure: Abort | None = None
@@ -344,7 +307,7 @@ class HimitsuClient:
             message = f"response larger than {self._max_bytes} bytes"
         else:
             message = reason or "the connection failed"
-        raise TransportError(f"Himitsu API at {host}: {message}", retryable=kind == "transport")
+        raise TransportError(f"Himitsu API at {host}: {message}")
 
     def _observe(self, outcome: str) -> None:
         if self._observer is None:

@@ -88,15 +88,11 @@ class RateLimited(HimitsuError):
 
 
 class ServerError(HimitsuError):
-    """5xx, after the client's own retries."""
+    """5xx."""
 
 
 class TransportError(HimitsuError):
     """No complete answer: connect/read failure, timeout, deadline, reset, too large."""
-
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.retryable = retryable
 
 
 class Undecodable(HimitsuError):

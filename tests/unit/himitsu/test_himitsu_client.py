@@ -52,34 +52,14 @@ URL = f"{API}/api/v1/projects/{PROJECT}/environments/{ENV}/secrets/runtime"
 NOT_HIMITSU = "response was not a Himitsu API response"
 
 
-class Clock:
-    """Injected clock and sleep: sleeping advances the clock, nothing really waits."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
 @pytest.fixture
 def outcomes() -> list[str]:
     return []
 
 
 @pytest.fixture
-def make_client(clock: Clock, outcomes: list[str]) -> Iterator[Callable[..., HimitsuClient]]:
-    with himitsu_clients(sleep=clock.sleep, clock=clock, observer=outcomes.append) as make:
+def make_client(outcomes: list[str]) -> Iterator[Callable[..., HimitsuClient]]:
+    with himitsu_clients(observer=outcomes.append) as make:
         yield make
 
 
@@ -422,7 +402,6 @@ BAD_200_BODIES = {
 @pytest.mark.parametrize("name", sorted(BAD_200_BODIES))
 def test_200_that_is_not_the_documented_shape_is_undecodable(
     mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], name: str,
-    clock: Clock,
 ) -> None:
     mock.get(URL, body=BAD_200_BODIES[name], headers={"X-Himitsu-Config-Version": "1"})
     with pytest.raises(Undecodable) as caught:
@@ -431,7 +410,7 @@ def test_200_that_is_not_the_documented_shape_is_undecodable(
     assert "200" in message and NOT_HIMITSU in message
     assert SECRET not in message and "html" not in message
     assert caught.value.status == 200
-    assert len(mock.calls) == 1 and clock.sleeps == []  # never retried
+    assert len(mock.calls) == 1  # one request
 
 
 def test_content_encoded_body_is_not_read(
@@ -503,7 +482,7 @@ def test_envelope_errors_are_typed_and_never_echo_the_message(
 ) -> None:
     mock.get(URL, status=status, json=envelope(code))
     with pytest.raises(kind) as caught:
-        fetch(make_client(retries=0))
+        fetch(make_client())
     error = caught.value
     assert type(error) is kind
     assert (error.status, error.code, error.request_id) == (status, code, "req_123")
@@ -544,7 +523,7 @@ def test_non_envelope_error_bodies_are_named_not_echoed(
 ) -> None:
     mock.get(URL, status=status, body=NON_ENVELOPES[name])
     with pytest.raises(kind) as caught:
-        fetch(make_client(retries=0))
+        fetch(make_client())
     error = caught.value
     assert (error.status, error.code, error.request_id) == (status, None, None)
     assert str(status) in error.message and NOT_HIMITSU in error.message
@@ -576,7 +555,7 @@ def _http_date(seconds_from_now: float) -> str:
     ({"Retry-After": "HTTP-DATE+300"}, 200, 300),
 ])
 def test_429_raises_at_once_with_its_delay(
-    *, mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
+    *, mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient],
     outcomes: list[str], headers: dict[str, str], low: float, high: float,
 ) -> None:
     if headers.get("Retry-After") == "HTTP-DATE+300":  # built now, not at collection time
@@ -586,35 +565,34 @@ def test_429_raises_at_once_with_its_delay(
         fetch(make_client())
     assert low <= caught.value.retry_after <= high
     assert "retry in" in str(caught.value)
-    assert len(mock.calls) == 1 and clock.sleeps == []
+    assert len(mock.calls) == 1
     assert outcomes == ["429"]
 
 
-# --- retries ---------------------------------------------------------------------
+# --- one request per fetch ---------------------------------------------------------
 
 
-def test_5xx_then_success_is_retried_with_backoff(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
-    outcomes: list[str],
-) -> None:
-    mock.get(URL, status=503, json=envelope("UNAVAILABLE"))
-    mock.get(URL, **runtime(3, {"A": "1"}))
-    assert fetch(make_client(retries=1)) == Fetched(version=3, secrets={"A": "1"})
-    assert len(mock.calls) == 2
-    assert len(clock.sleeps) == 1 and 0.1 <= clock.sleeps[0] <= 0.2
-    assert outcomes == ["5xx", "200"]
-
-
-def test_by_default_one_fetch_is_one_request_even_on_a_5xx(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
+@pytest.mark.parametrize(("answer", "kind", "outcome"), [
+    *[({"status": status, "json": envelope("SOMETHING")}, himitsu.HimitsuError,
+       "429" if status == 429 else "4xx")
+      for status in (400, 401, 403, 404, 405, 409, 410, 422, 429)],
+    ({"status": 500, "json": envelope("INTERNAL_ERROR")}, ServerError, "5xx"),
+    ({"status": 503, "json": envelope("UNAVAILABLE")}, ServerError, "5xx"),
+    ({"body": requests.ConnectionError("refused")}, TransportError, "transport_error"),
+])
+def test_one_fetch_is_one_request_whatever_the_failure(
+    *, mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient],
+    outcomes: list[str], answer: dict[str, Any], kind: type[himitsu.HimitsuError],
+    outcome: str,
 ) -> None:
     """The reconcile's backoff owns the retries (issue 21 item 6): during an outage one
     attempt is one request, not three."""
-    mock.get(URL, status=500, json=envelope("INTERNAL_ERROR"))
+    mock.get(URL, **answer)
     mock.get(URL, **runtime(3, {"A": "1"}))
-    with pytest.raises(ServerError):
+    with pytest.raises(kind):
         fetch(make_client())
-    assert len(mock.calls) == 1 and clock.sleeps == []
+    assert len(mock.calls) == 1
+    assert outcomes == [outcome]
 
 
 def test_the_failure_gist_drops_only_the_request_id(
@@ -628,81 +606,26 @@ def test_the_failure_gist_drops_only_the_request_id(
     assert "req-7" not in caught.value.gist and caught.value.gist.startswith("Himitsu API")
 
 
-def test_5xx_retries_are_bounded_and_grow(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
-) -> None:
-    mock.get(URL, status=500, json=envelope("INTERNAL_ERROR"))
-    with pytest.raises(ServerError):
-        fetch(make_client(retries=2))
-    assert len(mock.calls) == 3
-    assert len(clock.sleeps) == 2
-    assert 0.1 <= clock.sleeps[0] <= 0.2 and 0.2 <= clock.sleeps[1] <= 0.4
-
-
-def test_backoff_is_capped(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
-) -> None:
-    mock.get(URL, status=500)
-    with pytest.raises(ServerError):
-        fetch(make_client(retries=4, backoff_base=5, deadline=1000))
-    assert len(clock.sleeps) == 4 and max(clock.sleeps) <= 2.0
-
-
-def test_transport_failure_is_retried_without_echoing_the_library(
+def test_transport_failure_does_not_echo_the_library(
     mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], outcomes: list[str],
 ) -> None:
     mock.get(URL, body=requests.ConnectionError(f"boom {SECRET} {TOKEN}"))
-    mock.get(URL, **runtime(1, {}))
-    assert fetch(make_client(retries=1)) == Fetched(version=1, secrets={})
-    assert outcomes == ["transport_error", "200"]
-    mock.replace(responses.GET, URL, body=requests.ConnectionError(f"boom {SECRET} {TOKEN}"))
     with pytest.raises(TransportError) as caught:
-        fetch(make_client(retries=1))
+        fetch(make_client())
     assert "himitsu.test" in str(caught.value)
     assert SECRET not in str(caught.value) and TOKEN not in str(caught.value)
     assert caught.value.status is None
+    assert outcomes == ["transport_error"]
 
 
-def test_retries_never_pass_the_deadline(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
-) -> None:
-    mock.get(URL, status=502)
-    with pytest.raises(ServerError):
-        fetch(make_client(retries=10, backoff_base=0.8, deadline=1.0))
-    # First delay is 0.4..0.8 s; the second (0.8..1.6 s) would end past the 1 s deadline.
-    assert len(mock.calls) == 2 and len(clock.sleeps) == 1
-    assert clock.now < 1.0
-
-
-def test_retries_zero_means_one_attempt(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
-) -> None:
-    mock.get(URL, status=500)
-    with pytest.raises(ServerError):
-        fetch(make_client(retries=0))
-    assert len(mock.calls) == 1 and clock.sleeps == []
-
-
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 409, 410, 422, 429])
-def test_other_4xx_are_never_retried(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
-    outcomes: list[str], status: int,
-) -> None:
-    mock.get(URL, status=status, json=envelope("SOMETHING"))
-    with pytest.raises(himitsu.HimitsuError):
-        fetch(make_client(retries=5))
-    assert len(mock.calls) == 1 and clock.sleeps == []
-    assert outcomes == (["429"] if status == 429 else ["4xx"])
-
-
-def test_body_over_the_cap_is_a_transport_error_not_retried(
-    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient], clock: Clock,
+def test_body_over_the_cap_is_a_transport_error(
+    mock: responses.RequestsMock, make_client: Callable[..., HimitsuClient],
 ) -> None:
     body = json.dumps({"data": {"configVersion": 1, "secrets": {"A": SECRET * 200}}})
     mock.get(URL, body=body)
     with pytest.raises(TransportError, match="larger than 1024 bytes") as caught:
         fetch(make_client(max_response_bytes=1024))
-    assert len(mock.calls) == 1 and clock.sleeps == []
+    assert len(mock.calls) == 1
     assert SECRET not in str(caught.value)
 
 

@@ -126,8 +126,7 @@ def outcomes() -> list[str]:
 
 @pytest.fixture
 def make_client(outcomes: list[str]) -> Iterator[Callable[..., HimitsuClient]]:
-    sleeps: list[float] = []  # retries without really sleeping
-    with himitsu_clients(sleep=sleeps.append, observer=outcomes.append) as make:
+    with himitsu_clients(observer=outcomes.append) as make:
         yield make
 
 
@@ -148,9 +147,9 @@ def test_body_trickle_cannot_outlast_the_deadline(
         trickle(handler, stop, b"x")
 
     with serve(behaviour) as server, pytest.raises(TransportError, match="deadline") as caught:
-        fetch(make_client(deadline=0.5, retries=2), server.url)
+        fetch(make_client(deadline=0.5), server.url)
     assert SECRET not in str(caught.value)
-    assert len(server.clients) == 1  # a deadline is never retried: no time is left
+    assert len(server.clients) == 1
     assert outcomes == ["transport_error"]
 
 
@@ -193,7 +192,7 @@ def test_silent_server_trips_the_read_timeout(make_client: Callable[..., Himitsu
         stop.wait(10)
 
     with serve(behaviour) as server, pytest.raises(TransportError, match="timed out"):
-        fetch(make_client(read_timeout=0.2, retries=0), server.url)
+        fetch(make_client(read_timeout=0.2), server.url)
 
 
 @pytest.mark.timeout(20)
@@ -208,8 +207,8 @@ def test_declared_oversize_is_refused_before_reading(
 
     with serve(behaviour) as server:
         with pytest.raises(TransportError, match="larger than 4096 bytes"):
-            fetch(make_client(max_response_bytes=4096, retries=2), server.url)
-        assert len(server.clients) == 1  # a size problem is not retried
+            fetch(make_client(max_response_bytes=4096), server.url)
+        assert len(server.clients) == 1
 
 
 @pytest.mark.timeout(20)
@@ -234,7 +233,7 @@ def test_undeclared_oversize_is_cut_while_streaming(
 
 
 @pytest.mark.timeout(20)
-def test_truncated_body_is_a_retried_transport_error(
+def test_truncated_body_is_a_transport_error(
     make_client: Callable[..., HimitsuClient], outcomes: list[str],
 ) -> None:
     def behaviour(handler: BaseHTTPRequestHandler, stop: threading.Event) -> None:
@@ -246,10 +245,10 @@ def test_truncated_body_is_a_retried_transport_error(
 
     with serve(behaviour) as server:
         with pytest.raises(TransportError, match="before it was complete") as caught:
-            fetch(make_client(retries=2), server.url)
-        assert len(server.clients) == 3
+            fetch(make_client(), server.url)
+        assert len(server.clients) == 1
     assert SECRET not in str(caught.value)
-    assert outcomes == ["transport_error"] * 3
+    assert outcomes == ["transport_error"]
 
 
 @pytest.mark.timeout(20)
@@ -261,20 +260,20 @@ def test_connection_reset_is_a_transport_error(make_client: Callable[..., Himits
         handler.close_connection = True
 
     with serve(behaviour) as server, pytest.raises(TransportError) as caught:
-        fetch(make_client(retries=0), server.url)
+        fetch(make_client(), server.url)
     assert "127.0.0.1" in str(caught.value)
 
 
 @pytest.mark.timeout(20)
-def test_connection_refused_is_a_retried_transport_error(
+def test_connection_refused_is_a_transport_error(
     make_client: Callable[..., HimitsuClient], outcomes: list[str],
 ) -> None:
     with socket.socket() as unused:  # bound, never listening: connects are refused
         unused.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{unused.getsockname()[1]}"
         with pytest.raises(TransportError, match="connection refused"):
-            fetch(make_client(retries=1), url)
-    assert outcomes == ["transport_error", "transport_error"]
+            fetch(make_client(), url)
+    assert outcomes == ["transport_error"]
 
 
 @pytest.mark.timeout(20)
@@ -286,7 +285,7 @@ def test_garbage_instead_of_http_is_a_transport_error(
         handler.close_connection = True
 
     with serve(behaviour) as server, pytest.raises(TransportError, match="not answer with HTTP"):
-        fetch(make_client(retries=0), server.url)
+        fetch(make_client(), server.url)
 
 
 @pytest.mark.timeout(20)
@@ -358,7 +357,7 @@ def test_tls_uses_the_ca_file_and_explains_an_untrusted_certificate(
 
     with serve(behaviour, tls=certificate) as server:
         with pytest.raises(TransportError, match="TLS certificate verification failed"):
-            fetch(make_client(retries=0), server.url)
+            fetch(make_client(), server.url)
         trusted = make_client(ca_file=str(certificate[0]))
         assert fetch(trusted, server.url) == Fetched(version=2, secrets={"A": "1"})
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(certificate[0]))

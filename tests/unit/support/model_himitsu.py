@@ -2,7 +2,7 @@
 
 The client is given a ``requests`` session whose transport adapter answers from this
 model, so everything between the shared poller and the wire (If-None-Match, the
-verdict on a 304, retries of a 5xx, Retry-After) is the production code. What it keeps
+verdict on a 304, a 5xx, Retry-After) is the production code. What it keeps
 of ``/work/shared/spec/himitsu-api.md``: a per-environment configVersion starting at 0
 that grows by one per change; ``If-None-Match`` (a list, weak tags, ``*``) answered 304
 when it names the current version, version 0 included; ETag and

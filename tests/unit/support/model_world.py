@@ -9,9 +9,9 @@ apiserver's change log after a simulated lag; the real handlers wired by
 ``HimitsuSecretReconciler``, ``RateLimitingQueue`` and ``Controller``. The worker loop is
 the controller's own ``_worker`` body run single-threaded: take a key with
 ``queue.get(timeout=0)``, ``Controller._process`` it (the real Result -> queue mapping),
-``queue.done``. Time only moves when something costs it (a request's latency, a client
-retry's sleep) or when the loop jumps to the next timer or informer delivery; every run
-with the same seed replays exactly.
+``queue.done``. Time only moves when something costs it (a request's latency) or when
+the loop jumps to the next timer or informer delivery; every run with the same seed
+replays exactly.
 
 A restart throws the whole process away (memory, queue, caches, pollers, token cache)
 and builds a new one over the same apiserver and Himitsu, as a rollout or a failover
@@ -106,8 +106,7 @@ class Process:
                                     secrets=self.secrets.store, clock=clock, instance="model",
                                     events=world)
         self.client = himitsu.HimitsuClient(
-            session_factory=lambda: session_for(world.himitsu), sleep=world.clock.advance,
-            clock=clock)
+            session_factory=lambda: session_for(world.himitsu), clock=clock)
         self.poller = polls.SharedPoller(self.client, clock=clock, rng=world.rng.random)
         self.reconciler = HimitsuSecretReconciler(
             self.kube, self.poller, allowed_api_urls=[API_URL], now=world.clock.now,

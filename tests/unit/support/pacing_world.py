@@ -3,7 +3,7 @@ HimitsuClient against the Himitsu stand-in's own core (its fixed per-key windows
 ``RateLimit-*`` headers, its 429s), with ``responses`` carrying each request to it.
 
 A heap of wake times stands in for the workqueue (``requeue_after`` becomes a wake), so
-every reconcile attempt is counted and nothing really waits: the client's retry sleeps,
+every reconcile attempt is counted and nothing really waits: the client's deadline,
 the pacer, the poller and the stand-in's windows all read one simulated clock. Another
 client of the same key is a scheduled burst of direct requests to the stand-in.
 """
@@ -69,7 +69,7 @@ class PacingWorld:
     none share a poll and all share the key's budget), created at t=0."""
 
     def __init__(self, count: int, *, refresh: str = "10s", pacer: dict[str, Any] | None = None,
-                 per_key_limit: int = 120, retries: int = 2) -> None:
+                 per_key_limit: int = 120) -> None:
         self.us = 0
         self.trace = Trace()
         self.server = Himitsu(per_key_limit=per_key_limit, per_ip_limit=300, window=60.0,
@@ -88,8 +88,7 @@ class PacingWorld:
             obj["spec"]["target"]["name"] = name
             self.kube.add_himitsu_secret(obj)
         self.pacer = Pacer(clock=self.epoch, **(pacer or {}))
-        self.client = himitsu.HimitsuClient(clock=self.epoch, sleep=self.sleep, retries=retries,
-                                            pacing=self.pacer)
+        self.client = himitsu.HimitsuClient(clock=self.epoch, pacing=self.pacer)
         self.poller = SharedPoller(self.client, clock=self.epoch, pacer=self.pacer,
                                    rng=lambda: 0.5)
         self.reconciler = HimitsuSecretReconciler(self.kube, self.poller, now=self.now,
@@ -111,9 +110,6 @@ class PacingWorld:
 
     def epoch(self) -> float:
         return self.now().timestamp()
-
-    def sleep(self, seconds: float) -> None:  # the client's retry backoff
-        self.us += math.ceil(seconds * 1e6)
 
     # -- the other client -------------------------------------------------------------------
     def burst_at(self, at: float, count: int) -> None:

@@ -234,7 +234,7 @@ def loopback() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[himitsu.HimitsuClient]:
-    with himitsu.HimitsuClient(retries=0, deadline=10, read_timeout=10) as made:
+    with himitsu.HimitsuClient(deadline=10, read_timeout=10) as made:
         yield made
 
 
@@ -312,7 +312,7 @@ def test_what_is_accepted_goes_to_the_prefixs_host_and_path(prefix: str, url: st
         sent.append(str(request.url))
         return 200, {}, BODY
 
-    with responses.RequestsMock() as mock, himitsu.HimitsuClient(retries=0) as client:
+    with responses.RequestsMock() as mock, himitsu.HimitsuClient() as client:
         mock.add_callback(responses.GET, re.compile(r".*"), callback=answer)
         fetch(client, checked)
     (prepared,) = sent

@@ -1,5 +1,5 @@
 """Pacing: every request to Himitsu takes a place in line that keeps its key's and its
-API URL's budget in any 60 s window, retries included, and yields to other clients.
+API URL's budget in any 60 s window, and yields to other clients.
 
 * One limiter per key and per API URL: GCRA with reservations (a burst of a tenth of the
   budget, then an even pace whose window is Himitsu's plus ``LATE``), so each waiter is
@@ -110,9 +110,9 @@ class Pacer:
     """Places in line per API key (``himitsu.pacing_key``) and per API URL; thread-safe.
 
     ``admit`` paces a fetch's first attempt for the shared poller (a ticket names the
-    request, so the caller who comes back gets the place it was given); ``reserve_retry``
-    and ``answered`` are the ``himitsu.Pacing`` hook of the client, for the retries
-    inside a fetch and the ``RateLimit-*`` headers of every answer.
+    request, so the caller who comes back gets the place it was given); ``answered`` is
+    the ``himitsu.Pacing`` hook of the client, for the ``RateLimit-*`` headers of every
+    answer.
     """
 
     clock: Callable[[], float] = time.monotonic
@@ -151,20 +151,6 @@ class Pacer:
             heapq.heappush(self._expiries, (at + self.late, ticket))
             return at - now
 
-    def reserve_retry(
-        self, api_url: str, key: str, *, earliest: float, latest: float,
-    ) -> float | None:
-        """``himitsu.Pacing``: a place for a retry in [now + earliest, now + latest)."""
-        with self._lock:
-            now = self.clock()
-            self._prune(now)
-            at = self._earliest(api_url, key, now + max(0.0, earliest))
-            if at - now >= latest:
-                return None
-            self._log("token", key).add(at)
-            self._log("api", api_url).add(at)
-            return at - now
-
     def answered(
         self, api_url: str, key: str, limits: RateLimits, *, elapsed: float,
     ) -> None:
@@ -179,12 +165,6 @@ class Pacer:
             reserve = max(MIN_RESERVE, math.ceil(limit * RESERVE_FRACTION))
             self._views[key] = _ServerView(start=start, end=now + limits.reset,
                                            allowed=limits.remaining - reserve, limit=limit)
-
-    def counted(self, key: str) -> int:
-        """Requests of the key sent or placed within the log's window (for tests, logs)."""
-        with self._lock:
-            log = self._logs.get(("token", key))
-            return len(log.times) if log is not None else 0
 
     def headroom(self) -> dict[str, float]:
         """The smallest share of a budget left (0..1) over API keys and over API URLs:

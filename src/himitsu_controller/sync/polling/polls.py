@@ -66,7 +66,7 @@ class SharedPoller:
     """Every answer carries the age of the request behind it and one requeue jitter drawn
     for that request (``rng``), so all readers of a source schedule their next poll for
     the same moment and share it again, round after round. ``pacer`` is the one the
-    client's retries reserve from (``HimitsuClient(pacing=...)``): one line per key."""
+    client reports answers to (``HimitsuClient(pacing=...)``): one line per key."""
 
     def __init__(
         self, client: Client, *, clock: Callable[[], float] = time.monotonic,
