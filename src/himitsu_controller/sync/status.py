@@ -117,14 +117,9 @@ class StatusWriter:
 
     def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``status.rolloutRestarts`` as we last wrote it (``sync.restarts``)."""
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        with self._lock:  # no copy of the whole status: every reconcile asks
-            remembered = self._written.get(key)
-        if remembered is not None and remembered[0] == uid:
-            # Packed flat only when it holds nothing but our plain fields (``_pack``).
-            status = remembered[1] if len(remembered) == 2 else None
-        else:
-            status = obj.get("status")
+        packed = self._remembered(key, obj)  # no copy of the whole status: every reconcile asks
+        # Packed flat only when it holds nothing but our plain fields (``_pack``).
+        status = obj.get("status") if packed is None else packed[2] if len(packed) == 3 else None
         entries = status.get("rolloutRestarts") if isinstance(status, Mapping) else None
         return [dict(e) for e in entries if isinstance(e, Mapping)] \
             if isinstance(entries, list) else []
@@ -146,25 +141,23 @@ class StatusWriter:
 
     # -- helpers ------------------------------------------------------------------------
 
+    def _remembered(self, key: str, obj: Mapping[str, Any]) -> _Packed | None:
+        """Our last write while ``obj`` is the copy it was built on (the informer lags
+        behind our patch); once the object moved on, its own status counts."""
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            packed = self._written.get(key)
+        if packed is None or packed[:2] != (str(meta.get("uid", "")), meta.get("resourceVersion")):
+            return None
+        return packed
+
     def _current(self, key: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         """A fresh dict (the caller's to change): what we last wrote, else the object's."""
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        with self._lock:
-            remembered = self._written.get(key)
+        packed = self._remembered(key, obj)
+        if packed is not None:
+            return _unpack(packed)
         raw = obj.get("status")
-        if remembered is None or remembered[0] != uid:
-            return _copy_status(raw) if isinstance(raw, Mapping) else {}
-        status = _unpack(remembered)
-        # Conditions another writer keeps (the schema admits no other field): as the
-        # informer last saw them, not as they were when we last wrote.
-        seen = raw.get("conditions") if isinstance(raw, Mapping) else None
-        others = [dict(c) for c in seen if isinstance(c, Mapping) and c.get("type") != "Ready"] \
-            if isinstance(seen, list) else []
-        ours = [c for c in status.get("conditions") or []
-                if isinstance(c, Mapping) and c.get("type") == "Ready"]
-        if others or len(ours) != len(status.get("conditions") or []):
-            status["conditions"] = ours + others
-        return status
+        return _copy_status(raw) if isinstance(raw, Mapping) else {}
 
     def _ready(
         self, state: str, reason: str, message: str, previous: Mapping[str, Any], generation: int,
@@ -193,8 +186,9 @@ class StatusWriter:
         # The uid: a status computed from a deleted object never lands on its namesake.
         self._kube.patch_status(namespace, name, status, uid=str(meta.get("uid", "")))
         stored = {k: v for k, v in status.items() if v is not None}
-        with self._lock:
-            self._written[key] = _pack(str(meta.get("uid", "")), stored)
+        with self._lock:  # built on this copy of the object: see ``_remembered``
+            self._written[key] = _pack(str(meta.get("uid", "")), meta.get("resourceVersion"),
+                                       stored)
         self._report(obj, stored)
 
     @staticmethod
@@ -219,10 +213,10 @@ class StatusWriter:
 _FIELDS = ("configVersion", "secretCount", "lastSyncTime", "observedGeneration",
            "lastForceSync")
 _READY = ("type", "status", "reason", "message", "lastTransitionTime", "observedGeneration")
-_Packed = tuple[Any, ...]  # (uid, *_FIELDS, *_READY[1:]) or (uid, the status dict)
+_Packed = tuple[Any, ...]  # (uid, rv, *_FIELDS, *_READY[1:]) or (uid, rv, the status dict)
 
 
-def _pack(uid: str, status: dict[str, Any]) -> _Packed:
+def _pack(uid: str, rv: str | None, status: dict[str, Any]) -> _Packed:
     """``status`` (fields absent as None) as one flat tuple when it holds only our fields
     and one Ready condition (what every write of ours leaves), else ``(uid, status)``."""
     conditions = status.get("conditions")
@@ -231,18 +225,18 @@ def _pack(uid: str, status: dict[str, Any]) -> _Packed:
         ready = conditions[0]
         if (isinstance(ready, dict) and ready.get("type") == "Ready"
                 and set(ready) <= set(_READY)):
-            return (uid, *(status.get(k) for k in _FIELDS),
+            return (uid, rv, *(status.get(k) for k in _FIELDS),
                     *(ready.get(k) for k in _READY[1:]))
-    return (uid, _copy_status(status))
+    return (uid, rv, _copy_status(status))
 
 
 def _unpack(packed: _Packed) -> dict[str, Any]:
-    if len(packed) == 2:
-        return _copy_status(packed[1])
-    fields = packed[1:1 + len(_FIELDS)]
+    if len(packed) == 3:
+        return _copy_status(packed[2])
+    fields = packed[2:2 + len(_FIELDS)]
     status = {k: v for k, v in zip(_FIELDS, fields, strict=True) if v is not None}
     ready = {"type": "Ready", **{k: v for k, v in zip(
-        _READY[1:], packed[1 + len(_FIELDS):], strict=True) if v is not None}}
+        _READY[1:], packed[2 + len(_FIELDS):], strict=True) if v is not None}}
     status["conditions"] = [ready]
     return status
 
