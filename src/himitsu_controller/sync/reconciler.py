@@ -168,7 +168,7 @@ class HimitsuSecretReconciler:
                                 spec.auth_secret_key)
         began = self._clock()
         token, source = self._source(ctx, spec, mem, api_url, forced=forced, now=began)
-        target = self._read_target(ctx, spec, mem)
+        target = wakes.read_target(self._kube, ctx, spec, mem)
         self._check_ownership(ctx, spec, target)
         held = targets.holds_data(  # its metadata may still need a repair
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
@@ -254,8 +254,13 @@ class HimitsuSecretReconciler:
 
     def _record(self, ctx: Context, spec: api.Spec, mem: Memory, answer: _Answer, *,
                 data_changed: bool, count: int | None) -> Result:
-        """Status (and an earlier target released), memory, and the next wake."""
-        self._release_earlier_targets(ctx, spec)
+        """Status (an earlier target released first), memory, and the next wake."""
+        try:  # the target holds our data now: an earlier one (target.name changed) goes
+            retire.old_targets(self._kube, ctx.obj, owner=ctx.owner, spec=spec)
+        except Conflict:
+            raise _Requeue() from None
+        except KubeError as exc:
+            raise _Failure("WriteFailure", f"releasing an earlier target: {exc}") from None
         self._status.synced(  # a KubeError is reconcile's WriteFailure
             ctx.key, ctx.obj, version=answer.result.version, secret_count=count or 0,
             generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
@@ -299,15 +304,6 @@ class HimitsuSecretReconciler:
             raise _Requeue(schedule.recheck(spec.refresh_interval, mem.refused_until - now))
         return token, source
 
-    def _release_earlier_targets(self, ctx: Context, spec: api.Spec) -> None:
-        """The target holds our data now: an earlier one (target.name changed) goes."""
-        try:
-            retire.old_targets(self._kube, ctx.obj, owner=ctx.owner, spec=spec)
-        except Conflict:
-            raise _Requeue() from None
-        except KubeError as exc:
-            raise _Failure("WriteFailure", f"releasing an earlier target: {exc}") from None
-
     def _follow_spec(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str) -> bool:
         """Memory follows the spec, even if this reconcile fails before it reads anything:
         True when it names another source (Himitsu is asked whether that token reads it)."""
@@ -322,25 +318,6 @@ class HimitsuSecretReconciler:
             mem.follow(tuple(sys.intern(part) for part in reads))
             return moved
         return False
-
-    def _read_target(
-        self, ctx: Context, spec: api.Spec, mem: Memory,
-    ) -> dict[str, Any] | None:
-        """The target: an Owner one from the cache, a direct read when the cache may be
-        wrong (docs/design/targets.md, "Reading the target")."""
-        owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
-        target = self._kube.get_secret(
-            ctx.owner.namespace, spec.target.name, cached=owner_policy)
-        wakes.note_cache(mem, target)
-        missing = target is None and owner_policy
-        if missing and mem.target_rv is None and ctx.status.config_version is None:
-            return None  # never written by this HimitsuSecret: nothing to ask
-        if missing or (mem.target_rv is not None and resource_version(target) != mem.target_rv):
-            # The cache lags our last write, or someone else wrote: one direct read tells,
-            # and its copy is the one to expect from now on.
-            target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
-            mem.expect(resource_version(target))
-        return target
 
     def _fetch(
         self, ctx: Context, spec: api.Spec, token: str, known: int | None, *,
@@ -435,10 +412,8 @@ class HimitsuSecretReconciler:
         log.info("sync failed", key=ctx.key, reason=failure.reason, message=failure.message,
                  request_id=failure.request_id)
         try:
-            self._status.failed(
-                ctx.key, ctx.obj, reason=failure.reason, message=failure.message,
-                generation=ctx.generation, request_id=failure.request_id,
-            )
+            self._status.failed(ctx.key, ctx.obj, reason=failure.reason, message=failure.message,
+                                generation=ctx.generation, request_id=failure.request_id)
         except KubeError as exc:
             log.warning("status update failed", key=ctx.key, error=str(exc))
         interval = spec.refresh_interval if spec is not None else 0.0

@@ -25,7 +25,7 @@ from himitsu_controller.sync.ports import Kube
 from himitsu_controller.sync.target import render, targets
 
 __all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "note_cache",
-           "until_due", "woken_idle"]
+           "read_target", "until_due", "woken_idle"]
 
 
 def in_step(ctx: Context) -> bool:
@@ -149,6 +149,23 @@ def not_due_since(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> floa
     due = mem.due if mem.due is not None and interval == mem.interval else \
         schedule.next_due(interval, answered=answered, fraction=1.0)
     return answered if due is not None and not schedule.is_due(now, due) else None
+
+
+def read_target(kube: Kube, ctx: Context, spec: api.Spec, mem: Memory) -> dict[str, Any] | None:
+    """The target: an Owner one from the cache, a direct read when the cache may be
+    wrong (docs/design/targets.md, "Reading the target")."""
+    owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
+    target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=owner_policy)
+    note_cache(mem, target)
+    missing = target is None and owner_policy
+    if missing and mem.target_rv is None and ctx.status.config_version is None:
+        return None  # never written by this HimitsuSecret: nothing to ask
+    if missing or (mem.target_rv is not None and resource_version(target) != mem.target_rv):
+        # The cache lags our last write, or someone else wrote: one direct read tells,
+        # and its copy is the one to expect from now on.
+        target = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
+        mem.expect(resource_version(target))
+    return target
 
 
 def note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
