@@ -1,9 +1,7 @@
 """What this process last wrote, per HimitsuSecret: client-go's "expectations".
 
-The informer caches lag behind our own writes; trusting them right after a write would
-cause a spurious full fetch (a stale status) or a second write (a stale target). The
-reconciler keeps one ``Memory`` per object (dropped when the object goes, rebuilt from
-nothing after a restart) and compares the cache's resourceVersion with the one it wrote.
+The informer caches lag behind our own writes: the cache's resourceVersion is compared
+with the one we wrote, so a lagging cache causes no full fetch and no second write.
 """
 
 from __future__ import annotations
@@ -17,13 +15,8 @@ __all__ = ["Memory", "resource_version", "uid_of"]
 
 @dataclass(slots=True)
 class Memory:
-    """What this process last wrote for one HimitsuSecret (client-go's "expectations").
-
-    The informer caches lag behind our own writes; trusting them right after a write
-    would cause a spurious full fetch (stale status) or a second write (stale target).
-    Small by design, one per HimitsuSecret: versions, times, and strings shared with the
-    cache (``reads``: the informer interns them) or among readers (``source``).
-    """
+    """Small by design, one per HimitsuSecret (dropped with it, rebuilt after a restart):
+    versions, times, and strings shared with the cache or among readers."""
 
     uid: str
     target_rv: str | None = None

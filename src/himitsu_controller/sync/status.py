@@ -2,8 +2,8 @@
 
 * Kubernetes conventions: lastTransitionTime moves only when Ready flips, one Event per
   transition, and a status that would not change is not written.
-* The writer remembers what it last patched (one flat tuple per object): the informer's
-  copy lags behind our own patch. Conditions of another writer are kept.
+* The writer remembers what it last patched (one flat tuple per object) while the
+  informer's copy lags behind it; then the object's own status counts again.
 
 Design: docs/design/status.md
 """
@@ -42,13 +42,8 @@ class StatusWriter:
         generation: int, force_sync: str | None, data_changed: bool, target: str,
         answered_at: datetime | None = None, late: float = 0.0, interval: float = 0.0,
     ) -> None:
-        """``answered_at``: when Himitsu gave the answer now in the target (a shared answer
-        may be seconds old). It is the lastSyncTime, so readers of one answer record the
-        same second and, after a restart, come due together again.
-
-        ``late``: how far past its promise (the held answer + ``interval``) this poll ran;
-        more than an interval late is said in Ready's message, in the patch every poll
-        makes anyway (an on-time poll's message is the plain one again)."""
+        """``answered_at`` (lastSyncTime): when Himitsu gave the answer the target holds.
+        ``late``: how far past its promise this poll ran; more than ``interval`` is said."""
         previous = self._current(key, obj)
         status = dict(previous)
         status.update({
@@ -75,10 +70,7 @@ class StatusWriter:
         self, key: str, obj: Mapping[str, Any], *, target: str, interval: float, generation: int,
     ) -> None:
         """The next poll is held back while the target is over an interval past its
-        promise: Ready (still True: the target holds its last good data) says so. The
-        message depends only on the status, so a poll waiting longer writes nothing more;
-        one saying the last poll ran late is left as it is (under a chronic shortfall every
-        poll is late: two notes would take turns, two patches a poll instead of one)."""
+        promise: Ready (still True) says so, once; a late note already there stays."""
         previous = self._current(key, obj)
         if (_ready_status(previous) != "True"  # a failure already says why nothing is polled
                 or LATE_NOTE in str(_ready_field(previous, "message") or "")):
@@ -99,14 +91,14 @@ class StatusWriter:
         self, key: str, obj: Mapping[str, Any], *, reason: str, message: str, generation: int,
         request_id: str | None = None,
     ) -> None:
-        """``message`` is Ready's (the same while a failure repeats: nothing is written);
-        ``request_id``, Himitsu's for this attempt, goes only into a transition's Event."""
+        """``request_id``, Himitsu's for this attempt, goes only into a transition's Event."""
         previous = self._current(key, obj)
         status = dict(previous)
         message = bounded(message)
         status["conditions"] = _with_ready(
             previous, self._ready("False", reason, message, previous, generation))
-        transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
+        transition = (_ready_status(previous), _ready_field(previous, "reason")) != (
+            "False", reason)
         try:
             # Nothing to write (the same failure again, or after a restart): still in the gauge.
             self._write_if_changed(key, obj, status, previous)
@@ -125,8 +117,7 @@ class StatusWriter:
             if isinstance(entries, list) else []
 
     def rollouts(self, key: str, obj: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
-        """Write ``status.rolloutRestarts`` (removed when empty) if it changed: Ready and
-        everything else stay as they are."""
+        """Write ``status.rolloutRestarts`` (removed when empty) if it changed."""
         previous = self._current(key, obj)
         status = dict(previous)
         status["rolloutRestarts"] = entries or None
@@ -138,8 +129,6 @@ class StatusWriter:
             self._written.pop(key, None)
         namespace, _, name = key.partition("/")
         metrics.forget_ready(namespace, name)
-
-    # -- helpers ------------------------------------------------------------------------
 
     def _remembered(self, key: str, obj: Mapping[str, Any]) -> _Packed | None:
         """Our last write while ``obj`` is the copy it was built on (the informer lags
@@ -173,8 +162,7 @@ class StatusWriter:
 
     def _write_if_changed(self, key: str, obj: Mapping[str, Any], status: dict[str, Any],
                           previous: Mapping[str, Any]) -> None:
-        """Write ``status`` unless it is ``previous`` (a patch that changes nothing still
-        bumps the object's resourceVersion and wakes every watcher); report Ready either way."""
+        """Write ``status`` unless it is ``previous``; report Ready either way."""
         if {k: v for k, v in status.items() if v is not None} != previous:
             self._write(key, obj, status)
         else:
@@ -193,7 +181,6 @@ class StatusWriter:
 
     @staticmethod
     def _report(obj: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-        """``himitsu_secret_ready`` for ``obj`` from the status it now has."""
         meta = obj.get("metadata") or {}
         reason = str(_ready_field(status, "reason") or "")
         metrics.set_ready(str(meta.get("namespace", "")), str(meta.get("name", "")),
@@ -217,8 +204,8 @@ _Packed = tuple[Any, ...]  # (uid, rv, *_FIELDS, *_READY[1:]) or (uid, rv, the s
 
 
 def _pack(uid: str, rv: str | None, status: dict[str, Any]) -> _Packed:
-    """``status`` (fields absent as None) as one flat tuple when it holds only our fields
-    and one Ready condition (what every write of ours leaves), else ``(uid, status)``."""
+    """``status`` as one flat tuple when it holds only our fields and one Ready condition
+    (what every write of ours leaves), else ``(uid, rv, status)``."""
     conditions = status.get("conditions")
     known = set(status) <= {*_FIELDS, "conditions"}
     if known and isinstance(conditions, list) and len(conditions) == 1:
@@ -242,8 +229,7 @@ def _unpack(packed: _Packed) -> dict[str, Any]:
 
 
 def _copy_status(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a status as deep as JSON makes it (scalars, the conditions' dicts)
-    without ``copy.deepcopy``'s cost on every poll."""
+    """A copy as deep as the conditions' dicts, without ``copy.deepcopy``'s cost."""
     status = dict(raw)
     conditions = status.get("conditions")
     if isinstance(conditions, list):
@@ -252,8 +238,7 @@ def _copy_status(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _with_ready(previous: Mapping[str, Any], ready: dict[str, Any]) -> list[Any]:
-    """``previous``'s conditions with Ready (in its place, else first) as ``ready``: the
-    conditions another writer added are theirs to keep."""
+    """``previous``'s conditions (another writer's too) with Ready, in its place, as ``ready``."""
     conditions = [c for c in previous.get("conditions") or [] if isinstance(c, Mapping)]
     at = next((i for i, c in enumerate(conditions) if c.get("type") == "Ready"), 0)
     others = [dict(c) for c in conditions if c.get("type") != "Ready"]
@@ -269,8 +254,7 @@ def _keys(count: int) -> str:
 
 
 def bounded(message: str) -> str:
-    """``message`` cut to at most MAX_MESSAGE bytes of UTF-8 (what etcd stores), with an
-    ellipsis when cut: a message quoting user input must not bloat the object."""
+    """``message`` cut to at most MAX_MESSAGE bytes of UTF-8, with an ellipsis when cut."""
     if len(message.encode("utf-8")) <= MAX_MESSAGE:
         return message
     cut = message.encode("utf-8")[: MAX_MESSAGE - len("…".encode())]
@@ -286,9 +270,4 @@ def _ready_field(status: Mapping[str, Any], name: str) -> Any:
 
 def _ready_status(status: Mapping[str, Any]) -> str | None:
     value = _ready_field(status, "status")
-    return str(value) if value is not None else None
-
-
-def _ready_reason(status: Mapping[str, Any]) -> str | None:
-    value = _ready_field(status, "reason")
     return str(value) if value is not None else None

@@ -1,10 +1,8 @@
 """What the informers keep of each object: only what the reconcile reads (their transforms).
 
-* A Secret's summary: the metadata the reconcile reads, its type, its sorted keys and one
-  keyed digest (HMAC under a per-process key) of the operator's values: never a value.
-  A write reads the Secret afresh; a summary is never its base.
+* A Secret's summary: its metadata, type, sorted keys and one keyed digest of the
+  operator's values, never a value; a write reads the Secret afresh.
 * A HimitsuSecret keeps its spec, status and the metadata the reconcile reads.
-* Both share the strings that repeat from object to object (``SHARED``).
 
 Design: docs/design/targets.md
 """
@@ -91,8 +89,8 @@ def keys_of(obj: Mapping[str, Any]) -> list[str]:
 
 
 def holds_hash(obj: Mapping[str, Any], keys: Sequence[str], recorded: str) -> bool:
-    """Do the values of the ``keys`` of ``obj`` (those it holds) have ``api.data_hash``
-    ``recorded``? Of a summary, known only for the keys its digest covers (False else)."""
+    """Do the values of ``obj``'s ``keys`` have ``api.data_hash`` ``recorded``? Of a
+    summary, known only for the keys its digest covers (False else)."""
     if not is_summary(obj):
         data = obj.get("data") or {}
         return api.data_hash({k: data[k] for k in keys if k in data}) == recorded
