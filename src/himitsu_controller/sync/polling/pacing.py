@@ -1,12 +1,8 @@
 """Pacing: every request to Himitsu takes a place in line that keeps its key's and its
-API URL's budget in any 60 s window, retries included, and yields to other clients.
+API URL's budget in any 60 s window, and yields to other clients.
 
-* One limiter per key and per API URL: GCRA with reservations (a burst of a tenth of the
-  budget, then an even pace whose window is Himitsu's plus ``LATE``), so each waiter is
-  told its own moment and a late caller still keeps the budget.
-* The server-header clamp: ``RateLimit-Remaining``/``-Reset`` of every answer cap our
-  requests until the server's window ends (another client may share the key).
-* A 429 is not pacing: the shared poller holds the source for its Retry-After.
+* GCRA with reservations per key and per API URL: a burst, then an even pace.
+* The server-header clamp: ``RateLimit-Remaining``/``-Reset`` cap us until its window ends.
 
 Design: docs/design/pacing.md
 """
@@ -45,12 +41,8 @@ class LocallyRateLimited(himitsu.RateLimited):
 
 
 class _Log:
-    """One budget: GCRA in its reservation form (``tat``, the theoretical arrival time of
-    the next request), and the moments placed within the window, for the server's count.
-
-    Any ``burst`` requests may go at once, then one per ``spacing``: a burst plus a
-    window's refill is the budget, so no window holds more.
-    """
+    """One budget: GCRA's ``tat`` (a burst, then one per ``spacing``: no window holds
+    more than the budget), and the moments placed within the window, for the server's count."""
 
     def __init__(self, budget: int, window: float) -> None:
         self.budget, self.window = budget, window
@@ -96,8 +88,7 @@ class _Place:
 
 @dataclass
 class _ServerView:
-    """What the server said remains of the key's window: our requests in [start, end)
-    (the answered one included) may number at most ``allowed`` + 1."""
+    """The server's count: our requests in [start, end) may number ``allowed`` + 1."""
 
     start: float
     end: float
@@ -107,13 +98,8 @@ class _ServerView:
 
 @dataclass
 class Pacer:
-    """Places in line per API key (``himitsu.pacing_key``) and per API URL; thread-safe.
-
-    ``admit`` paces a fetch's first attempt for the shared poller (a ticket names the
-    request, so the caller who comes back gets the place it was given); ``reserve_retry``
-    and ``answered`` are the ``himitsu.Pacing`` hook of the client, for the retries
-    inside a fetch and the ``RateLimit-*`` headers of every answer.
-    """
+    """Places in line per API key and per API URL; thread-safe. ``admit`` is the shared
+    poller's; ``reserve_retry`` and ``answered`` are the client's ``himitsu.Pacing``."""
 
     clock: Callable[[], float] = time.monotonic
     token_budget: int = TOKEN_BUDGET
@@ -127,8 +113,8 @@ class Pacer:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def admit(self, ticket: str, api_url: str, key: str) -> float:
-        """0.0: send now (it is counted). Otherwise the seconds until ``ticket``'s place
-        in line, which is kept until ``late`` seconds past it: come back then."""
+        """0.0: send now (it is counted); else the seconds until ``ticket``'s place, kept
+        until ``late`` seconds past it."""
         with self._lock:
             now = self.clock()
             self._prune(now)
@@ -187,9 +173,8 @@ class Pacer:
             return len(log.times) if log is not None else 0
 
     def headroom(self) -> dict[str, float]:
-        """The smallest share of a budget left (0..1) over API keys and over API URLs:
-        requests sent or placed in the log's window against the budget, and for a key
-        the server's count when it leaves less (``himitsu_api_rate_limit_headroom_ratio``)."""
+        """The smallest share of a budget left (0..1) over API keys and over API URLs, by
+        our count or the server's if less (``himitsu_api_rate_limit_headroom_ratio``)."""
         with self._lock:
             now = self.clock()
             self._prune(now)
@@ -223,8 +208,7 @@ class Pacer:
             return t
 
     def _server_allows(self, key: str, t: float, *, placed: float | None = None) -> bool:
-        """Would one more request of ours at ``t`` (already in the log at ``placed``)
-        stay within what the server said remains of its window?"""
+        """Would one more request at ``t`` (placed at ``placed``) fit the server's count?"""
         view = self._views.get(key)
         if view is None or not view.start <= t < view.end:
             return True
