@@ -118,8 +118,7 @@ class HimitsuSecretReconciler:
         spec: api.Spec | None = None
         try:
             spec = api.parse_spec(obj)
-            # Before anything is read or sent: a URL outside the allow-list costs no
-            # token read, and the URL checked is the one requested.
+            # First: a URL outside the allow-list costs no token read.
             api_url = self._allowed.check(spec.api_url)
             result = self._sync(ctx, spec, api_url)
         except api.InvalidSpec as exc:
@@ -173,8 +172,7 @@ class HimitsuSecretReconciler:
         held = targets.holds_data(  # its metadata may still need a repair
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
         consistent = held and targets.holds_stamps(target, owner=ctx.owner, spec=spec)
-        # ``intact``: another token's hash is no part of the target's source stamp, but it
-        # is the poller's source, so the data is written anew.
+        # Another token is another poller source (the target's stamp has no token hash).
         return _Inputs(token=token, source=source, target=target, forced=forced,
                        moved=moved, began=began, held=held,
                        intact=held and mem.source in (None, source), consistent=consistent)
@@ -209,8 +207,7 @@ class HimitsuSecretReconciler:
             floor=ctx.status.config_version if inputs.held else None, fallback=not inputs.intact)
         polled = self._clock()
         answered = polled - result.age
-        # Written from an answer older than this reconcile (Himitsu refused, or it was
-        # shared): one revalidation soon, shared by every reader that did the same.
+        # Written from an answer older than this reconcile: one revalidation soon.
         mem.asked(inputs.source, began=inputs.began, answered=answered,
                   stale=retry is not None or (not inputs.intact and answered < inputs.began))
         # Lateness is a timed poll's only, against the interval it was due under.
@@ -311,8 +308,7 @@ class HimitsuSecretReconciler:
                  spec.auth_secret_key)
         if mem.reads != reads:
             self._fetcher.release(ctx.key)
-            # First seen in this process: the status was written for this very spec (its
-            # generation), or the spec changed since, perhaps its token reference.
+            # First seen here: moved if the spec changed since the status was written.
             moved = mem.reads is not None or ctx.status.observed_generation != ctx.generation
             # Interned: parsing makes new strings, which memory would keep per object.
             mem.follow(tuple(sys.intern(part) for part in reads))
@@ -385,8 +381,7 @@ class HimitsuSecretReconciler:
         except writes.Refused as exc:
             raise _Failure(exc.reason, exc.message) from None
         except writes.Raced as exc:
-            # What a direct read showed, if one did: the next reconcile reads it afresh
-            # (the cache disagrees with it) instead of deciding on the cache again.
+            # What a direct read showed, if one did: the next reconcile reads it afresh.
             races = mem.lost_race(exc.seen, creating=exc.creating)
             if races >= RACES_REPORTED:  # now _failed's backoff paces the retries
                 raise _Failure("WriteFailure", (

@@ -70,7 +70,9 @@ def render(fmt: str, secrets: Mapping[str, str], *, key: str | None = None) -> d
     encoded = _encode_all(secrets)
     raw: dict[str, bytes]
     if fmt == "KeyValue":
-        _check_keyvalue_keys(secrets)
+        _raise_for((k for k in secrets if not valid_data_key(k)),
+                   f"cannot be a Kubernetes Secret data key ({_DATA_KEY_RULE}); "
+                   "use template format Dotenv or Json for such keys")
         raw = encoded
     else:
         blob_key = key if key is not None else _DEFAULT_KEYS[fmt]
@@ -97,8 +99,6 @@ def data_size(data: Mapping[str, str]) -> int:
     return sum(len(base64.b64decode(v, validate=True)) for v in data.values())
 
 
-# --- helpers -------------------------------------------------------------------------
-
 _DATA_KEY_RULE = (
     "only A-Z a-z 0-9 . _ - are allowed, at most 253 characters, not '.' or '..' "
     "and not starting with '..'"
@@ -117,41 +117,26 @@ def _quote(key: str) -> str:
     return repr(key)
 
 
-def _name_keys(bad: Iterable[str]) -> tuple[str, list[str]]:
-    """Describe offending keys: the first few in sorted order, and how many there are."""
-    ordered = sorted(bad)
-    named = ", ".join(_quote(k) for k in ordered[:_NAMED_KEYS])
-    if len(ordered) > _NAMED_KEYS:
-        named += f" and {len(ordered) - _NAMED_KEYS} more"
-    noun = "key" if len(ordered) == 1 else f"{len(ordered)} keys"
-    return f"{noun} {named}", ordered
-
-
 def _raise_for(bad: Iterable[str], problem: str) -> None:
-    bad = list(bad)
-    if bad:
-        described, ordered = _name_keys(bad)
-        raise RenderError(f"{described}: {problem}", keys=ordered)
+    """RenderError naming the first few offending keys, in sorted order, and how many."""
+    ordered = sorted(bad)
+    if ordered:
+        named = ", ".join(_quote(k) for k in ordered[:_NAMED_KEYS])
+        if len(ordered) > _NAMED_KEYS:
+            named += f" and {len(ordered) - _NAMED_KEYS} more"
+        noun = "key" if len(ordered) == 1 else f"{len(ordered)} keys"
+        raise RenderError(f"{noun} {named}: {problem}", keys=ordered)
 
 
 def _encode_all(secrets: Mapping[str, str]) -> dict[str, bytes]:
     """UTF-8 of every value; a lone surrogate refused outside any ``except`` (a chained
     UnicodeEncodeError would quote the text)."""
-    encoded: dict[str, bytes] = {}
-    bad: list[str] = []
-    for k, v in secrets.items():
-        k_ok = _utf8(k) is not None
-        value = _utf8(v)
-        if not k_ok or value is None:
-            bad.append(k)
-        else:
-            encoded[k] = value
     _raise_for(
-        bad,
+        (k for k, v in secrets.items() if _utf8(k) is None or _utf8(v) is None),
         "key or value is not valid Unicode text (contains a lone surrogate) and "
         "cannot be stored; fix the secret in Himitsu",
     )
-    return encoded
+    return {k: v.encode("utf-8") for k, v in secrets.items()}
 
 
 def _utf8(text: str) -> bytes | None:
@@ -161,17 +146,8 @@ def _utf8(text: str) -> bytes | None:
         return None
 
 
-def _check_keyvalue_keys(secrets: Mapping[str, str]) -> None:
-    _raise_for(
-        (k for k in secrets if not valid_data_key(k)),
-        f"cannot be a Kubernetes Secret data key ({_DATA_KEY_RULE}); "
-        "use template format Dotenv or Json for such keys",
-    )
-
-
 def _valid_dotenv_key(k: str) -> bool:
-    # isprintable() is False for whitespace other than ' ', control and format
-    # characters; ' ' itself would end the key.
+    # isprintable(): no whitespace but ' ' (which would end the key), no control characters.
     return bool(k) and k.isprintable() and " " not in k and _DOTENV_KEY_FORBIDDEN.isdisjoint(k)
 
 
@@ -181,8 +157,7 @@ def _render_dotenv(secrets: Mapping[str, str]) -> str:
         "cannot be written as a dotenv key (no whitespace, control characters, "
         "= # quotes ` or backslash); use template format Json for such keys",
     )
-    # No environment variable can hold NUL (execve takes C strings); load_dotenv raises
-    # on it. Refuse rather than hand consumers a file that breaks at startup.
+    # No environment variable can hold NUL (execve takes C strings); load_dotenv raises.
     _raise_for(
         (k for k, v in secrets.items() if "\0" in v),
         "value contains a NUL character, which no environment variable can hold; "

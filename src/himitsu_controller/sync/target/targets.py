@@ -57,15 +57,13 @@ def check_ownership(
         return
     meta = secret.get("metadata") or {}
     if api.ANN_ALLOWED_API_URLS in annotations_of(secret):
-        # A token Secret is nobody's target, whatever the policy: its owner wrote the
-        # binding, and a write of ours would carry another author's keys into it.
+        # A token Secret is nobody's target: a write would carry other keys into it.
         raise TargetConflict(
             f"Secret {meta.get('name', '')!r} is a Himitsu token Secret (it carries "
             f"{api.ANN_ALLOWED_API_URLS}) and is never a target; point target.name at "
             "another Secret")
     if owner.uid and has_controller_ref(secret, uid=owner.uid):
-        # Ours whatever else was done to it: a GitOps tool pruning the labels and
-        # annotations we stamp (they are put back) does not make it someone else's.
+        # Ours whatever else was done to it (pruned stamps are put back).
         return
     name = meta.get("name", "")
     holder = owned_by(secret)
@@ -81,9 +79,8 @@ def check_ownership(
             f"annotation {api.ANN_ALLOW_MERGE_BY}: {owner.name} (or '*') to it; until "
             "then it is left as it is")
     if policy == "Owner" and not stamps.created_for(secret, name=owner.name, uid=owner.uid):
-        # Not even one the operator created for another HimitsuSecret, gone or moved
-        # since: its data is whoever keeps it now, and our controller reference would let
-        # garbage collection (or a later rename) delete it.
+        # Not even one created for another HimitsuSecret: our controller reference would
+        # let garbage collection (or a later rename) delete whoever keeps it now.
         raise TargetConflict(
             f"Secret {name!r} already exists and was not created by himitsu-operator for "
             "this HimitsuSecret; creationPolicy Owner never adopts an existing Secret "
@@ -108,9 +105,8 @@ def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str, owner: O
     target); keys another writer recorded are not among them (``target.stamps``)."""
     if secret is None or owned_by(secret) is None:
         return []
-    # Judged by how the target was written, not only by the policy now asked for: an
-    # Owner target (our controller reference, no managed-keys record) holds only our
-    # keys, so a HimitsuSecret moved from Owner to Merge still knows them as its own.
+    # Judged by how it was written: a HimitsuSecret moved from Owner to Merge still knows
+    # an Owner target's keys (our controller reference, no managed-keys record) as its own.
     written_as_owner = (api.ANN_MANAGED_KEYS not in annotations_of(secret)
                         and has_controller_ref(secret, uid=owner.uid))
     if policy == "Owner" or written_as_owner:
@@ -237,8 +233,7 @@ def _merged_data(
     collisions = sorted((set(rendered) & set(foreign)) - predecessor)
     if collisions:
         name = ((existing or {}).get("metadata") or {}).get("name", "")
-        # One key, not a list or a count: the message is readable by whoever may create
-        # a HimitsuSecret, who may not read this Secret (a probe for its key names).
+        # One key, not a list or a count: the reader may not read this Secret.
         raise TargetConflict(
             f"Himitsu key {collisions[0]!r} would overwrite a key of Secret {name!r} that "
             "himitsu-operator did not write; rename it in Himitsu or remove it from the Secret"
