@@ -24,7 +24,6 @@ class Memory:
     races: int = 0  # writes in a row that lost an optimistic-concurrency race (409)
     due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
     read_live: bool = False  # a create found the target's name taken: read it directly
-    cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
     answered: float | None = None  # when Himitsu gave the answer the target holds (epoch s)
     interval: float = 0.0  # the refreshInterval `answered` and `due` were scheduled with
     reads: tuple[str, ...] | None = None  # the spec's source (URL, env, token ref) last read
@@ -51,11 +50,7 @@ class Memory:
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""
-        self.target_rv, self.cache_has_write = rv, False
-
-    def cache_caught_up(self) -> None:
-        """The informer has shown our last write: from now on it lags no more."""
-        self.cache_has_write = True
+        self.target_rv = rv
 
     def scheduled(self, *, answered: float | None, interval: float, due: float | None) -> None:
         """The answer the target holds, the interval it is polled under, the next poll."""

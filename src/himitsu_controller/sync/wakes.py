@@ -21,8 +21,8 @@ from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube
 from himitsu_controller.sync.target import render, targets
 
-__all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "note_cache",
-           "read_target", "until_due", "woken_idle"]
+__all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "read_target",
+           "until_due", "woken_idle"]
 
 
 def in_step(ctx: Context) -> bool:
@@ -80,7 +80,6 @@ def woken_idle(
             mem.due is not None and schedule.is_due(now, mem.due)):
         return None
     target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
-    note_cache(mem, target)
     if resource_version(target) != mem.target_rv or not targets.is_consistent(
         target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
     ):
@@ -137,7 +136,6 @@ def read_target(kube: Kube, ctx: Context, spec: api.Spec, mem: Memory) -> dict[s
     wrong (docs/design/targets.md, "Reading the target")."""
     owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
     target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=owner_policy)
-    note_cache(mem, target)
     missing = target is None and owner_policy
     if missing and mem.target_rv is None and ctx.status.config_version is None:
         return None  # never written by this HimitsuSecret: nothing to ask
@@ -147,12 +145,6 @@ def read_target(kube: Kube, ctx: Context, spec: api.Spec, mem: Memory) -> dict[s
         target = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
         mem.expect(resource_version(target))
     return target
-
-
-def note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
-    """The informer has shown our last write: from now on it lags no more."""
-    if mem.target_rv is not None and resource_version(target) == mem.target_rv:
-        mem.cache_caught_up()
 
 
 def until_due(mem: Memory, *, now: float) -> Result:
