@@ -47,10 +47,8 @@ class StatusWriter:
         previous = self._current(key, obj)
         status = dict(previous)
         status.update({
-            "configVersion": version, "secretCount": secret_count,
-            "lastSyncTime": self._timestamp(answered_at), "observedGeneration": generation,
-        })
-        status["lastForceSync"] = force_sync
+            "configVersion": version, "secretCount": secret_count, "lastForceSync": force_sync,
+            "lastSyncTime": self._timestamp(answered_at), "observedGeneration": generation})
         message = _holds(target, secret_count, version)
         if interval > 0 and late > interval:
             message += (f"{LATE_NOTE}{api.format_duration(late)} later than "
@@ -154,9 +152,8 @@ class StatusWriter:
         since = _ready_field(previous, "lastTransitionTime")
         if _ready_status(previous) != state or not since:
             since = self._timestamp()
-        message = bounded(message)
         return api.Condition(
-            type="Ready", status=state, reason=reason, message=message,
+            type="Ready", status=state, reason=reason, message=bounded(message),
             last_transition_time=str(since), observed_generation=generation,
         ).to_dict()
 

@@ -53,7 +53,7 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
     data: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
     keys = sorted(data)
     digested = _digested_keys(annotations or {}, keys)
-    summary: dict[str, Any] = {
+    return {
         "apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Secret"),
         "metadata": kept, "type": obj.get("type", "Opaque"),
         # One string (data keys hold no ","), shared by every target with the same keys.
@@ -61,7 +61,6 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
                  "ours": None if digested is None else _keyed(
                      api.data_hash({k: data[k] for k in digested if k in data}))},
     }
-    return summary
 
 
 def himitsu_secret(obj: dict[str, Any]) -> dict[str, Any]:

@@ -191,15 +191,13 @@ class SharedPoller:
             result = self._client.fetch(
                 api_url=api_url, project_id=project_id, environment_id=environment_id,
                 token=token, known_version=held)
-        except himitsu.RateLimited as exc:
+        except (himitsu.RateLimited, himitsu.ServerError, himitsu.TransportError) as exc:
+            limited = isinstance(exc, himitsu.RateLimited)
+            hold = float(exc.retry_after) if isinstance(exc, himitsu.RateLimited) else FAILURE_HOLD
             with self._lock:
-                entry.blocked_until = self._clock() + float(exc.retry_after)
-                entry.refusal = "rate limited by the Himitsu API"
-            raise
-        except (himitsu.ServerError, himitsu.TransportError):
-            with self._lock:
-                entry.blocked_until = self._clock() + FAILURE_HOLD
-                entry.refusal = "the Himitsu API failed a moment ago"
+                entry.blocked_until = self._clock() + hold
+                entry.refusal = "rate limited by the Himitsu API" if limited \
+                    else "the Himitsu API failed a moment ago"
             raise
         with self._lock:
             # ``entry`` is ours for the flight: it is never dropped meanwhile.

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from himitsu_controller.api import data_hash
 
 __all__ = ["FORMATS", "MAX_SECRET_BYTES", "RenderError", "data_hash", "data_size",
-           "default_key", "render", "valid_data_key"]
+           "default_key", "quote", "render", "valid_data_key"]
 
 # Kubernetes' MaxSecretSize: the apiserver sums the decoded length of every value (keys
 # are not counted) and refuses the Secret when the total is strictly greater.
@@ -79,7 +79,7 @@ def render(fmt: str, secrets: Mapping[str, str], *, key: str | None = None) -> d
         assert blob_key is not None  # every single-blob format has a default
         if not valid_data_key(blob_key):
             raise RenderError(
-                f"template key {_quote(blob_key)} is not a valid Kubernetes Secret data key "
+                f"template key {quote(blob_key)} is not a valid Kubernetes Secret data key "
                 f"({_DATA_KEY_RULE}); set target.template.key to a valid one",
                 keys=[blob_key],
             )
@@ -107,10 +107,10 @@ _DATA_KEY_RULE = (
 
 def _check_format(fmt: str) -> None:
     if fmt not in _DEFAULT_KEYS:
-        raise RenderError(f"unknown template format {_quote(fmt)}; use KeyValue, Dotenv or Json")
+        raise RenderError(f"unknown template format {quote(fmt)}; use KeyValue, Dotenv or Json")
 
 
-def _quote(key: str) -> str:
+def quote(key: str) -> str:
     """repr() of a key, truncated: safe to put in a status message whatever it holds."""
     if len(key) > _KEY_PREVIEW:
         return repr(key[:_KEY_PREVIEW]) + "..."
@@ -121,7 +121,7 @@ def _raise_for(bad: Iterable[str], problem: str) -> None:
     """RenderError naming the first few offending keys, in sorted order, and how many."""
     ordered = sorted(bad)
     if ordered:
-        named = ", ".join(_quote(k) for k in ordered[:_NAMED_KEYS])
+        named = ", ".join(quote(k) for k in ordered[:_NAMED_KEYS])
         if len(ordered) > _NAMED_KEYS:
             named += f" and {len(ordered) - _NAMED_KEYS} more"
         noun = "key" if len(ordered) == 1 else f"{len(ordered)} keys"

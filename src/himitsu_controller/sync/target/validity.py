@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from himitsu_controller import api
-from himitsu_controller.sync.target.render import MAX_SECRET_BYTES
+from himitsu_controller.sync.target.render import MAX_SECRET_BYTES, quote
 
 __all__ = ["MAX_ANNOTATION_BYTES", "Unwritable", "check"]
 
@@ -119,13 +119,9 @@ def _held(data: Mapping[str, str], ours: Collection[str]) -> str:
     others = " and keys himitsu-operator does not manage" if len(ordered) < len(data) else ""
     if not ordered:
         return f"it would hold no keys from Himitsu{others}"
-    shown = ", ".join(_short(k) for k in ordered[:_NAMED])
+    shown = ", ".join(quote(k) for k in ordered[:_NAMED])
     more = f" and {len(ordered) - _NAMED} more" if len(ordered) > _NAMED else ""
     return f"it would hold {shown}{more} from Himitsu{others}"
-
-
-def _short(key: str) -> str:
-    return repr(key[:64]) + ("..." if len(key) > 64 else "")
 
 
 def _name(secret: Mapping[str, Any]) -> str:
