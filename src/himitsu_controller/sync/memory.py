@@ -28,11 +28,9 @@ class Memory:
     interval: float = 0.0  # the refreshInterval `answered` and `due` were scheduled with
     reads: tuple[str, ...] | None = None  # the spec's source (URL, env, token ref) last read
     source: str | None = None  # the poller source (token hash included) last fetched
-    # A first sync or repair wrote an answer older than its reconcile (shared, or from
-    # memory while Himitsu refused): it takes only an answer asked for since this moment.
+    # A first sync or repair wrote an older answer: it takes only one asked for since then.
     revalidate: float | None = None
-    # The source (token hash included) Himitsu last refused with a 401/403, how many
-    # times in a row, and until when it is not asked again while the token stays.
+    # The source Himitsu last refused (401/403), how often in a row, and until when.
     refused: str | None = None
     refusals: int = 0
     refused_until: float = 0.0

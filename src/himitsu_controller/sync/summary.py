@@ -26,8 +26,7 @@ DIGEST = "himitsu.io/data-digest"
 LAST_APPLIED = api.ANN_LAST_APPLIED
 # This process's digest key: no digest outlives it, none is compared across processes.
 _KEY = secrets.token_bytes(32)
-# Fields whose values many cached objects hold alike: a source's fields, our stamps, the
-# Ready condition's words, the digests of data that many targets hold.
+# Fields whose values many cached objects hold alike (interned by the informer).
 SHARED = frozenset({
     "apiVersion", "kind", "namespace", "type", "apiUrl", "projectId", "environmentId",
     "refreshInterval", "creationPolicy", "format", "key", "status", "reason",

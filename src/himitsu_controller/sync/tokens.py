@@ -57,10 +57,7 @@ class TokenReader:
             self.forget(namespace, name, key)
             log.info("token unusable", namespace=namespace, secret=name, key=key,
                      detail=problem)
-            # One message for every way a value can be unusable: which one it was would
-            # tell whoever may create a HimitsuSecret (not read Secrets) what another
-            # Secret of the namespace holds. "Not found" stays apart: it is actionable
-            # and says no more than the Secret's name, which the apiserver would too.
+            # One message for every unusable value (docs/security.md, "No oracle").
             raise TokenError(
                 f"key {key!r} of Secret {name!r} does not hold a usable Himitsu API key "
                 "(himi_<16 hex>_<43 base64url>, no more); put the token there, or point "

@@ -45,8 +45,7 @@ def defer_after_restart(
     if last is None or not in_step(ctx):
         return None
     interval = spec.refresh_interval
-    # A lastSyncTime ahead of our clock (another replica's skew) waits no longer
-    # than an interval.
+    # A lastSyncTime ahead of our clock (another replica's skew) waits at most an interval.
     remaining = min(last.timestamp() + interval - now, interval)
     if interval > 0 and schedule.is_due(now, now + remaining):
         return None
@@ -74,8 +73,7 @@ def woken_idle(
     refreshInterval 0 for good. Drift, a spec change, a force-sync or a failure go on."""
     if mem.target_rv is None or mem.failures or not in_step(ctx):
         return None
-    # A due poll, or with refreshInterval 0 a due revalidation (an answer from memory
-    # written while Himitsu refused), goes on to sync.
+    # A due poll, or at refreshInterval 0 a due revalidation, goes on to sync.
     if (mem.due is None and spec.refresh_interval > 0) or (
             mem.due is not None and schedule.is_due(now, mem.due)):
         return None
@@ -140,8 +138,7 @@ def read_target(kube: Kube, ctx: Context, spec: api.Spec, mem: Memory) -> dict[s
     if missing and mem.target_rv is None and ctx.status.config_version is None:
         return None  # never written by this HimitsuSecret: nothing to ask
     if missing or (mem.target_rv is not None and resource_version(target) != mem.target_rv):
-        # The cache lags our last write, or someone else wrote: one direct read tells,
-        # and its copy is the one to expect from now on.
+        # The cache lags our write, or someone else wrote: read it, and expect that copy.
         target = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
         mem.expect(resource_version(target))
     return target

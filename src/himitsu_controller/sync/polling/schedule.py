@@ -20,9 +20,7 @@ JITTER = 0.1  # a poll comes up to 10% of the interval early, never late
 SHARE = 0.5  # a poll may take another reader's answer up to half an interval old
 DUE_SLACK = 0.05  # a wake this close to the poll's due time is the poll
 FRESH = 2.0  # a first sync or a repair takes an answer at most this old (seconds)
-# The shortest wait a poll that is due (or overdue) gets: "now", as a positive delay, so
-# the work queue never reads it as "forget" (see ``requeue_delay``).
-MIN_REQUEUE = 2 * DUE_SLACK
+MIN_REQUEUE = 2 * DUE_SLACK  # a due poll's wait: "now", but never 0 (which means "forget")
 
 
 def next_due(interval: float, *, answered: float, fraction: float) -> float | None:
