@@ -2,8 +2,8 @@
 
 * Kubernetes conventions: lastTransitionTime moves only when Ready flips, one Event per
   transition, and a status that would not change is not written.
-* The writer remembers what it last patched (one flat tuple per object) while the
-  informer's copy lags behind it; then the object's own status counts again.
+* The writer remembers what it last patched (one flat tuple per object): the informer's
+  copy lags behind it. A status is skipped only if the object already holds it.
 
 Design: docs/design/status.md
 """
@@ -129,22 +129,39 @@ class StatusWriter:
         metrics.forget_ready(namespace, name)
 
     def _remembered(self, key: str, obj: Mapping[str, Any]) -> _Packed | None:
-        """Our last write while ``obj`` is the copy it was built on (the informer lags
-        behind our patch); once the object moved on, its own status counts."""
-        meta = obj.get("metadata") or {}
+        """Our last write to this very object (its uid)."""
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
         with self._lock:
             packed = self._written.get(key)
-        if packed is None or packed[:2] != (str(meta.get("uid", "")), meta.get("resourceVersion")):
-            return None
-        return packed
+        return packed if packed is not None and packed[0] == uid else None
 
     def _current(self, key: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         """A fresh dict (the caller's to change): what we last wrote, else the object's."""
         packed = self._remembered(key, obj)
-        if packed is not None:
-            return _unpack(packed)
         raw = obj.get("status")
-        return _copy_status(raw) if isinstance(raw, Mapping) else {}
+        if packed is None:
+            return _copy_status(raw) if isinstance(raw, Mapping) else {}
+        status = _unpack(packed)
+        # Conditions another writer keeps (the schema admits no other field): as the
+        # informer last saw them, not as they were when we last wrote.
+        seen = raw.get("conditions") if isinstance(raw, Mapping) else None
+        others = [dict(c) for c in seen if isinstance(c, Mapping) and c.get("type") != "Ready"] \
+            if isinstance(seen, list) else []
+        ours = [c for c in status.get("conditions") or []
+                if isinstance(c, Mapping) and c.get("type") == "Ready"]
+        if others or len(ours) != len(status.get("conditions") or []):
+            status["conditions"] = ours + others
+        return status
+
+    def _held(self, key: str, obj: Mapping[str, Any],
+              previous: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The status the object holds: ``previous`` (ours) while the informer still shows
+        the copy our last write was built on, else the informer's (another writer's)."""
+        packed = self._remembered(key, obj)
+        if packed is not None and packed[1] == (obj.get("metadata") or {}).get("resourceVersion"):
+            return previous
+        raw = obj.get("status")
+        return raw if isinstance(raw, Mapping) else {}
 
     def _ready(
         self, state: str, reason: str, message: str, previous: Mapping[str, Any], generation: int,
@@ -159,8 +176,8 @@ class StatusWriter:
 
     def _write_if_changed(self, key: str, obj: Mapping[str, Any], status: dict[str, Any],
                           previous: Mapping[str, Any]) -> None:
-        """Write ``status`` unless it is ``previous``; report Ready either way."""
-        if {k: v for k, v in status.items() if v is not None} != previous:
+        """Write ``status`` unless the object holds it; report Ready either way."""
+        if {k: v for k, v in status.items() if v is not None} != self._held(key, obj, previous):
             self._write(key, obj, status)
         else:
             self._report(obj, previous)
