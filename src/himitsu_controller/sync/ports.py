@@ -23,8 +23,7 @@ class KubeError(Exception):
 
     def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
         super().__init__(message)
-        self.status = status
-        self.reason = reason
+        self.status, self.reason = status, reason
 
 
 class Conflict(KubeError):

@@ -398,8 +398,6 @@ class HimitsuSecretReconciler:
         mem.wrote(resource_version(done.secret), sent=done.wrote)
         return done.data_changed
 
-    # -- failures and timing ----------------------------------------------------------
-
     def _failed(self, ctx: Context, spec: api.Spec | None, failure: _Failure) -> Result:
         mem = self._remember(ctx)
         mem.failed()

@@ -153,16 +153,6 @@ class StatusWriter:
             status["conditions"] = ours + others
         return status
 
-    def _held(self, key: str, obj: Mapping[str, Any],
-              previous: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The status the object holds: ``previous`` (ours) while the informer still shows
-        the copy our last write was built on, else the informer's (another writer's)."""
-        packed = self._remembered(key, obj)
-        if packed is not None and packed[1] == (obj.get("metadata") or {}).get("resourceVersion"):
-            return previous
-        raw = obj.get("status")
-        return raw if isinstance(raw, Mapping) else {}
-
     def _ready(
         self, state: str, reason: str, message: str, previous: Mapping[str, Any], generation: int,
     ) -> dict[str, Any]:
@@ -176,8 +166,13 @@ class StatusWriter:
 
     def _write_if_changed(self, key: str, obj: Mapping[str, Any], status: dict[str, Any],
                           previous: Mapping[str, Any]) -> None:
-        """Write ``status`` unless the object holds it; report Ready either way."""
-        if {k: v for k, v in status.items() if v is not None} != self._held(key, obj, previous):
+        """Write ``status`` unless the object holds it: ``previous`` (ours) while the informer
+        shows the copy our last write was built on, else the informer's; report Ready."""
+        packed = self._remembered(key, obj)
+        lags = packed is not None and packed[1] == (obj.get("metadata") or {}).get(
+            "resourceVersion")
+        if {k: v for k, v in status.items() if v is not None} != (
+                previous if lags else obj.get("status") or {}):
             self._write(key, obj, status)
         else:
             self._report(obj, previous)

@@ -52,9 +52,8 @@ def defer_after_restart(
     # The informer's copy only: a miss is a target to sync, which ``read_target`` reads
     # directly if it must (a read here would be a second GET per object on a cold sync).
     target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
-    if not targets.is_consistent(
-        target, owner=ctx.owner, spec=spec, version=status.config_version,
-    ):
+    if not targets.is_consistent(target, owner=ctx.owner, spec=spec,
+                                 version=status.config_version):
         return None
     mem.expect(resource_version(target))
     # lastSyncTime: what the target holds
@@ -79,8 +78,7 @@ def woken_idle(
         return None
     target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
     if resource_version(target) != mem.target_rv or not targets.is_consistent(
-        target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
-    ):
+            target, owner=ctx.owner, spec=spec, version=ctx.status.config_version):
         return None
     return until_due(mem, now=now)
 

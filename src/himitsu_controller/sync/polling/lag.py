@@ -53,14 +53,10 @@ def _lag(now: float, obj: Mapping[str, Any],
     if mem is not None and mem.uid == str(meta.get("uid", "")) and mem.answered is not None:
         return schedule.lag(now, mem.answered, mem.interval), mem.interval
     status, spec = obj.get("status"), obj.get("spec")
-    if not isinstance(status, Mapping) or not isinstance(spec, Mapping):
-        return 0.0, 0.0
-    last = api.parse_time(status.get("lastSyncTime"))
-    if last is None:
-        return 0.0, 0.0
-    raw = spec.get("refreshInterval", "1m")
+    last = api.parse_time(status.get("lastSyncTime")) if isinstance(status, Mapping) else None
+    raw = spec.get("refreshInterval", "1m") if isinstance(spec, Mapping) else None
     interval = _interval(raw) if isinstance(raw, str) else None
-    if interval is None:
+    if last is None or interval is None:
         return 0.0, 0.0
     return schedule.lag(now, last.timestamp(), interval), interval
 

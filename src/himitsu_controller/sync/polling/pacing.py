@@ -105,7 +105,6 @@ class Pacer:
     token_budget: int = TOKEN_BUDGET
     api_budget: int = API_BUDGET
     window: float = WINDOW
-    late: float = LATE
     _logs: dict[tuple[str, str], _Log] = field(default_factory=dict, init=False, repr=False)
     _views: dict[str, _ServerView] = field(default_factory=dict, init=False, repr=False)
     _places: dict[str, _Place] = field(default_factory=dict, init=False, repr=False)
@@ -134,7 +133,7 @@ class Pacer:
             if at <= now:
                 return 0.0
             self._places[ticket] = _Place(at, api_url, key, before)
-            heapq.heappush(self._expiries, (at + self.late, ticket))
+            heapq.heappush(self._expiries, (at + LATE, ticket))
             return at - now
 
     def reserve_retry(
@@ -157,7 +156,7 @@ class Pacer:
         """``himitsu.Pacing``: the server's count for the key, from an answer's headers."""
         with self._lock:
             now = self.clock()
-            start = now - max(0.0, elapsed) - self.late  # when it was sent, or reserved
+            start = now - max(0.0, elapsed) - LATE  # when it was sent, or reserved
             current = self._views.get(key)
             if current is not None and current.start > start:
                 return  # an answer to an older request: the newer count stands
@@ -231,7 +230,7 @@ class Pacer:
         while self._expiries and self._expiries[0][0] < now:
             expiry, ticket = heapq.heappop(self._expiries)
             place = self._places.get(ticket)
-            if place is not None and place.at + self.late == expiry:
+            if place is not None and place.at + LATE == expiry:
                 del self._places[ticket]  # never came back: free its place
                 self._drop(place)
         for name, log in list(self._logs.items()):

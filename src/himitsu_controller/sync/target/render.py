@@ -112,9 +112,7 @@ def _check_format(fmt: str) -> None:
 
 def quote(key: str) -> str:
     """repr() of a key, truncated: safe to put in a status message whatever it holds."""
-    if len(key) > _KEY_PREVIEW:
-        return repr(key[:_KEY_PREVIEW]) + "..."
-    return repr(key)
+    return repr(key[:_KEY_PREVIEW]) + ("..." if len(key) > _KEY_PREVIEW else "")
 
 
 def _raise_for(bad: Iterable[str], problem: str) -> None:

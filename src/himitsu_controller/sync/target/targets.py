@@ -39,8 +39,7 @@ class Owner:
 
 
 def owned_by(secret: Mapping[str, Any] | None) -> str | None:
-    value = annotations_of(secret).get(api.ANN_OWNED_BY)
-    return value or None
+    return annotations_of(secret).get(api.ANN_OWNED_BY) or None
 
 
 def managed_keys(secret: Mapping[str, Any] | None) -> list[str]:

@@ -28,8 +28,7 @@ class Refused(Exception):
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
-        self.reason = reason
-        self.message = message
+        self.reason, self.message = reason, message
 
 
 class Raced(Exception):
@@ -39,8 +38,7 @@ class Raced(Exception):
 
     def __init__(self, *, creating: bool, seen: str | None = None) -> None:
         super().__init__()
-        self.creating = creating
-        self.seen = seen
+        self.creating, self.seen = creating, seen
 
 
 @dataclass(frozen=True)
