@@ -1,9 +1,7 @@
 """Where the operator may send a token: --allowed-api-urls, plain http, the token's own list.
 
-* The operator-wide prefixes (``--allowed-api-urls``), checked before the token is read;
-  plain ``http://`` only with ``--allow-insecure-http``; the token Secret's
-  ``himitsu.io/allowed-api-urls`` annotation narrows it further.
-* URLs are normalised by ``himitsu.validate_api_url`` and matched on segment boundaries.
+Plain ``http://`` only with ``--allow-insecure-http``; the token Secret's
+``himitsu.io/allowed-api-urls`` narrows further. Normalised URLs match on path segments.
 
 Design: docs/design/himitsu-client.md
 """
@@ -72,15 +70,9 @@ class AllowList:
 
 
 def check_token_binding(annotation: str | None, url: str, *, secret: str) -> None:
-    """NotAllowed unless the normalised ``url`` is under one of the prefixes of the token
-    Secret's ``himitsu.io/allowed-api-urls`` annotation (None: absent, no binding).
-
-    Fails closed: an annotation that is present but blank allows nowhere, and one entry
-    that is not a URL refuses every apiUrl (its owner meant to restrict the token).
-    Every refusal has the same message, which shows no prefix: whoever asks may not read
-    the Secret, and a different message for a broken entry would tell them what the
-    binding holds. ``NotAllowed.detail`` says which case it was, for the operator's log.
-    """
+    """NotAllowed unless ``url`` is under one of the token Secret's ``allowed-api-urls``
+    (None: no binding). Fails closed (blank, or one entry not a URL: nowhere), with one
+    message that shows no prefix; ``NotAllowed.detail`` says why, for the log."""
     if annotation is None:
         return
     prefixes = []
@@ -103,7 +95,6 @@ def check_token_binding(annotation: str | None, url: str, *, secret: str) -> Non
 
 
 def _under(url: str, prefix: str) -> bool:
-    """Prefix match on URL boundaries: ``https://a.example`` must not allow
-    ``https://a.example.evil``, nor ``/himitsu`` allow ``/himitsu-other``. Both sides are
-    normalised (no trailing slash, no dot segments), so a string match is a path match."""
+    """Prefix match on path segments (both sides normalised): ``https://a.example`` does
+    not allow ``https://a.example.evil``, nor ``/himitsu`` allow ``/himitsu-other``."""
     return url == prefix or url.startswith(prefix + "/")

@@ -1,9 +1,7 @@
 """What this process last wrote, per HimitsuSecret: client-go's "expectations".
 
-The informer caches lag behind our own writes; trusting them right after a write would
-cause a spurious full fetch (a stale status) or a second write (a stale target). The
-reconciler keeps one ``Memory`` per object (dropped when the object goes, rebuilt from
-nothing after a restart) and compares the cache's resourceVersion with the one it wrote.
+The informer caches lag behind our own writes: the cache's resourceVersion is compared
+with the one we wrote, so a lagging cache causes no full fetch and no second write.
 """
 
 from __future__ import annotations
@@ -17,13 +15,8 @@ __all__ = ["Memory", "resource_version", "uid_of"]
 
 @dataclass(slots=True)
 class Memory:
-    """What this process last wrote for one HimitsuSecret (client-go's "expectations").
-
-    The informer caches lag behind our own writes; trusting them right after a write
-    would cause a spurious full fetch (stale status) or a second write (stale target).
-    Small by design, one per HimitsuSecret: versions, times, and strings shared with the
-    cache (``reads``: the informer interns them) or among readers (``source``).
-    """
+    """Small by design, one per HimitsuSecret (dropped with it, rebuilt after a restart):
+    versions, times, and strings shared with the cache or among readers."""
 
     uid: str
     target_rv: str | None = None
@@ -31,16 +24,13 @@ class Memory:
     races: int = 0  # writes in a row that lost an optimistic-concurrency race (409)
     due: float | None = None  # when the next timed poll was scheduled (epoch seconds)
     read_live: bool = False  # a create found the target's name taken: read it directly
-    cache_has_write: bool = False  # the informer has shown target_rv (it lags no more)
     answered: float | None = None  # when Himitsu gave the answer the target holds (epoch s)
     interval: float = 0.0  # the refreshInterval `answered` and `due` were scheduled with
     reads: tuple[str, ...] | None = None  # the spec's source (URL, env, token ref) last read
     source: str | None = None  # the poller source (token hash included) last fetched
-    # A first sync or repair wrote an answer older than its reconcile (shared, or from
-    # memory while Himitsu refused): it takes only an answer asked for since this moment.
+    # A first sync or repair wrote an older answer: it takes only one asked for since then.
     revalidate: float | None = None
-    # The source (token hash included) Himitsu last refused with a 401/403, how many
-    # times in a row, and until when it is not asked again while the token stays.
+    # The source Himitsu last refused (401/403), how often in a row, and until when.
     refused: str | None = None
     refusals: int = 0
     refused_until: float = 0.0
@@ -58,11 +48,7 @@ class Memory:
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""
-        self.target_rv, self.cache_has_write = rv, False
-
-    def cache_caught_up(self) -> None:
-        """The informer has shown our last write: from now on it lags no more."""
-        self.cache_has_write = True
+        self.target_rv = rv
 
     def scheduled(self, *, answered: float | None, interval: float, due: float | None) -> None:
         """The answer the target holds, the interval it is polled under, the next poll."""

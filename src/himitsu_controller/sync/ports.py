@@ -1,11 +1,8 @@
 """What the reconcile needs from the outside world, and the errors it may get back.
 
-``Kube`` is implemented on the runtime's REST client and informer caches by
-``himitsu_controller.kube`` (the adapter) and in memory by the unit tests' fakes;
-``Fetcher`` by ``sync.polling.polls.SharedPoller`` in front of ``himitsu.HimitsuClient``. The
-reconcile sees nothing else of Kubernetes or Himitsu, so every rule in ``sync/`` can be
-proven without a cluster, and the adapter depends on this file only, never on the
-reconcile itself.
+``Kube`` is implemented by ``himitsu_controller.kube`` (the adapter) and by the unit tests'
+fakes; ``Fetcher`` by ``sync.polling.polls.SharedPoller``. So every rule in ``sync/`` is
+proven without a cluster.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ class KubeError(Exception):
 
     def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
         super().__init__(message)
-        self.status = status
-        self.reason = reason
+        self.status, self.reason = status, reason
 
 
 class Conflict(KubeError):
@@ -40,9 +36,7 @@ class SecretNotFound(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SecretValue:
-    """One key of a Secret (None: no such key), with the Secret's
-    ``himitsu.io/allowed-api-urls`` annotation (None: absent), so a token comes with
-    where its owner lets it go."""
+    """One key of a Secret (None: no such key), with its ``allowed-api-urls`` (None: absent)."""
 
     value: bytes | None = field(repr=False)  # a token: never in a repr
     allowed_api_urls: str | None = None
@@ -98,10 +92,8 @@ class Kube(Workloads, Protocol):
 
 
 class Fetcher(Protocol):
-    """``polls.SharedPoller`` in production: may answer from a poll shared with others,
-    no older than ``max_age`` seconds (``FetchResult.age`` says how old). ``reader`` (a
-    HimitsuSecret's key) holds what it reads in memory until ``release(reader)``;
-    ``remembered`` gives those secrets back when Himitsu cannot be asked."""
+    """``polls.SharedPoller``: an answer no older than ``max_age`` seconds, held for
+    ``reader`` until ``release(reader)``; ``remembered``: those secrets, however old."""
 
     def fetch(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,

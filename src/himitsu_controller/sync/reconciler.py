@@ -5,9 +5,8 @@
 * apply: write the answer, or confirm the target holds it;
 * record: status, memory (``Memory``'s methods are its only writers), the next wake.
 
-Kubernetes only through ``sync.ports.Kube``, Himitsu only through ``Fetcher``. A
-conditional request only when the target holds exactly what we wrote for this spec; no
-failure ever empties or shrinks a target (failures raise before any write).
+Kubernetes only through ``sync.ports.Kube``, Himitsu only through ``Fetcher``. No failure
+ever empties or shrinks a target: failures raise before any write.
 """
 
 from __future__ import annotations
@@ -47,30 +46,24 @@ class _Failure(Exception):
     def __init__(self, reason: str, message: str, *, retry_after: float | None = None,
                  request_id: str | None = None) -> None:
         super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.retry_after = retry_after
-        self.request_id = request_id
+        self.reason, self.message = reason, message
+        self.retry_after, self.request_id = retry_after, request_id
 
 
 class _Requeue(Exception):
-    """Try again after ``delay`` and report nothing: a lost optimistic-concurrency race,
-    or a Himitsu request our own per-token pacing held back."""
+    """Try again after ``delay``, reporting nothing: a lost write race, or our own pacing."""
 
     def __init__(self, delay: float = CONFLICT_REQUEUE, *, paced: bool = False) -> None:
         super().__init__()
-        self.delay = delay
-        self.paced = paced
+        self.delay, self.paced = delay, paced
 
 
 @dataclass(frozen=True)
 class _Inputs:
-    """What a sync starts from: the token, the target, and what the target holds."""
-
     token: str = field(repr=False)
     source: str  # the poller's source (token hash included)
     target: dict[str, Any] | None = field(repr=False)
-    forced: bool  # a user's force-sync
+    forced: bool  # a user's force-sync (asks Himitsu itself, reads the token afresh)
     moved: bool  # the spec names another source than memory last read
     began: float
     held: bool  # the target holds our data (its metadata may still need a repair)
@@ -80,8 +73,6 @@ class _Inputs:
 
 @dataclass(frozen=True)
 class _Answer:
-    """What Himitsu answered (or the target's own data, for a quiet wake)."""
-
     result: himitsu.FetchResult = field(repr=False)
     retry: float | None  # written from memory: ask Himitsu again after this long
     limited: bool  # ... because Himitsu rate-limited the source (a 429, our pacing)
@@ -127,12 +118,13 @@ class HimitsuSecretReconciler:
         spec: api.Spec | None = None
         try:
             spec = api.parse_spec(obj)
-            # Before anything is read or sent: a URL outside the allow-list costs no
-            # token read, and the URL checked is the one requested.
-            api_url = self._check_api_url(spec)
+            # First: a URL outside the allow-list costs no token read.
+            api_url = self._allowed.check(spec.api_url)
             result = self._sync(ctx, spec, api_url)
         except api.InvalidSpec as exc:
             return self._failed(ctx, spec, _Failure("InvalidSpec", str(exc)))
+        except allowlist.NotAllowed as exc:
+            result = self._failed(ctx, spec, _Failure("InvalidSpec", str(exc)))
         except _Failure as failure:
             result = self._failed(ctx, spec, failure)
         except _Requeue as requeue:
@@ -170,32 +162,30 @@ class HimitsuSecretReconciler:
         if idle is not None:
             return idle
         forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
-        if forced:
-            # A forced sync reads the token Secret afresh too: the way to have a
-            # narrowed binding (or a replaced token) count at once.
+        if forced:  # a narrowed binding or a replaced token counts at once
             self._tokens.forget(ctx.owner.namespace, spec.auth_secret_name,
                                 spec.auth_secret_key)
-        began = self._now().timestamp()
+        began = self._clock()
         token, source = self._source(ctx, spec, mem, api_url, forced=forced, now=began)
-        target = self._read_target(ctx, spec, mem)
+        target = wakes.read_target(self._kube, ctx, spec, mem)
         self._check_ownership(ctx, spec, target)
         held = targets.holds_data(  # its metadata may still need a repair
             target, owner=ctx.owner, spec=spec, version=ctx.status.config_version)
         consistent = held and targets.holds_stamps(target, owner=ctx.owner, spec=spec)
-        # The data must be written anew (a first sync, a repair, another token: a token's
-        # hash is no part of the target's source stamp, but it is the poller's source).
+        # Another token is another poller source (the target's stamp has no token hash).
         return _Inputs(token=token, source=source, target=target, forced=forced,
                        moved=moved, began=began, held=held,
                        intact=held and mem.source in (None, source), consistent=consistent)
 
     def _check_ownership(self, ctx: Context, spec: api.Spec,
                          target: Mapping[str, Any] | None) -> None:
+        def claims(holder: str) -> bool:  # one whose target.name moved on holds it no more
+            obj = self._kube.get_himitsu_secret(ctx.owner.namespace, holder)
+            return obj is not None and (
+                (obj.get("spec") or {}).get("target") or {}).get("name") == spec.target.name
         try:
-            targets.check_ownership(
-                target, owner=ctx.owner, policy=spec.target.creation_policy,
-                himitsu_secret_exists=lambda holder: self._claims(
-                    ctx.owner.namespace, holder, spec.target.name),
-            )
+            targets.check_ownership(target, owner=ctx.owner, policy=spec.target.creation_policy,
+                                    himitsu_secret_exists=claims)
         except targets.TargetConflict as exc:
             raise _Failure("TargetConflict", str(exc)) from None
 
@@ -206,21 +196,18 @@ class HimitsuSecretReconciler:
         held = wakes.held_answer(self._kube, ctx, spec, mem, inputs.target, now=inputs.began,
                                  consistent=inputs.consistent) \
             if inputs.intact and not (inputs.forced or inputs.moved) else None
-        result: himitsu.FetchResult
-        retry: float | None = None
-        limited = False
-        if held is not None:
-            result = held[0]
-        else:
-            result, retry, limited = self._fetch(
-                ctx, spec, inputs.token, self._known_version(ctx, intact=inputs.consistent),
-                window=self._window(spec, mem, intact=inputs.intact), api_url=api_url,
-                floor=ctx.status.config_version if inputs.held else None,
-                fallback=not inputs.intact, fingerprint=inputs.source)
-        polled = self._now().timestamp()
+        # If-None-Match only for a target holding what the status says, for this spec.
+        known = ctx.status.config_version if inputs.consistent and not inputs.forced \
+            and ctx.status.observed_generation == ctx.generation else None
+        result, retry, limited = (held[0], None, False) if held is not None else self._fetch(
+            ctx, spec, inputs.token, known, api_url=api_url, fingerprint=inputs.source,
+            max_age=0.0 if inputs.forced else schedule.share_window(
+                spec.refresh_interval, now=self._clock(), due=mem.due, answered=mem.answered,
+                intact=inputs.intact, revalidate=mem.revalidate),
+            floor=ctx.status.config_version if inputs.held else None, fallback=not inputs.intact)
+        polled = self._clock()
         answered = polled - result.age
-        # Written from an answer older than this reconcile (Himitsu refused, or it was
-        # shared): one revalidation soon, shared by every reader that did the same.
+        # Written from an answer older than this reconcile: one revalidation soon.
         mem.asked(inputs.source, began=inputs.began, answered=answered,
                   stale=retry is not None or (not inputs.intact and answered < inputs.began))
         # Lateness is a timed poll's only, against the interval it was due under.
@@ -247,38 +234,38 @@ class HimitsuSecretReconciler:
             if not answer.quiet:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
             return False, ctx.status.secret_count
-        return self._write_answer(ctx, spec, mem, target=inputs.target, result=result,
-                                  retry=answer.retry if answer.limited else None)
+        tpl = spec.target.template
+        try:
+            rendered = render.render(tpl.format, result.secrets, key=tpl.data_key)
+            data_changed = self._write(ctx, spec, mem, target=inputs.target, rendered=rendered,
+                                       version=result.version)
+        except (_Failure, render.RenderError) as exc:
+            failure = exc if isinstance(exc, _Failure) else _Failure("InvalidSpec", str(exc))
+            # Judged on memory's answer while Himitsu rate-limited the source: tried again
+            # when Himitsu may be asked (a 5xx keeps the backoff: one layer owns retries).
+            if answer.limited and answer.retry is not None:
+                failure.retry_after = min(failure.retry_after or answer.retry, answer.retry)
+            raise failure from None
+        metrics.count_sync("written" if data_changed else "unchanged")
+        return data_changed, len(result.secrets)
 
     def _record(self, ctx: Context, spec: api.Spec, mem: Memory, answer: _Answer, *,
                 data_changed: bool, count: int | None) -> Result:
-        """Status (and an earlier target released), memory, and the next wake."""
-        self._release_earlier_targets(ctx, spec)
-        self._report_synced(
-            ctx, spec, version=answer.result.version, count=count or 0,
-            data_changed=data_changed, answered=answer.answered, late=answer.late,
-            interval=mem.interval)
+        """Status (an earlier target released first), memory, and the next wake."""
+        try:  # the target holds our data now: an earlier one (target.name changed) goes
+            retire.old_targets(self._kube, ctx.obj, owner=ctx.owner, spec=spec)
+        except Conflict:
+            raise _Requeue() from None
+        except KubeError as exc:
+            raise _Failure("WriteFailure", f"releasing an earlier target: {exc}") from None
+        self._status.synced(  # a KubeError is reconcile's WriteFailure
+            ctx.key, ctx.obj, version=answer.result.version, secret_count=count or 0,
+            generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
+            data_changed=data_changed, target=spec.target.name, late=answer.late,
+            answered_at=datetime.fromtimestamp(answer.answered, UTC), interval=mem.interval)
         mem.synced(answered=answer.answered, interval=spec.refresh_interval,
                    due=self._next_due(spec, mem, answer))
         return wakes.until_due(mem, now=self._clock())
-
-    def _write_answer(self, ctx: Context, spec: api.Spec, mem: Memory, *,
-                      target: dict[str, Any] | None, result: himitsu.Fetched,
-                      retry: float | None) -> tuple[bool, int]:
-        """Render and write Himitsu's answer: whether the data changed, and how many keys.
-        A failure judged on what memory held while Himitsu rate-limited the source is tried
-        again when Himitsu may be asked (``retry``), not after the failure backoff (a 5xx
-        keeps the backoff: one layer owns the retries of an outage)."""
-        try:
-            rendered = self._render(spec, result.secrets)
-            data_changed = self._write(ctx, spec, mem, target=target, rendered=rendered,
-                                       version=result.version)
-        except _Failure as failure:
-            if retry is not None:
-                failure.retry_after = min(failure.retry_after or retry, retry)
-            raise
-        metrics.count_sync("written" if data_changed else "unchanged")
-        return data_changed, len(result.secrets)
 
     def _next_due(self, spec: api.Spec, mem: Memory, answer: _Answer) -> float | None:
         """The next poll: an interval after the answer held (a quiet wake keeps the one
@@ -299,121 +286,43 @@ class HimitsuSecretReconciler:
         """The token and the poller's source it reads. While Himitsu refuses that token,
         its Secret is read often (a replacement counts within seconds), Himitsu rarely:
         the same token again is a quiet wait until its backoff ends (Ready says why)."""
-        token = self._token(ctx.owner.namespace, spec, api_url,
-                            max_age=schedule.TOKEN_RECHECK if mem.refused else None)
+        try:
+            token = self._tokens.read(
+                ctx.owner.namespace, spec.auth_secret_name, spec.auth_secret_key,
+                api_url=api_url, max_age=schedule.TOKEN_RECHECK if mem.refused else None)
+        except TokenNotAllowed as exc:
+            raise _Failure("InvalidSpec", str(exc)) from None
+        except TokenError as exc:
+            raise _Failure("AuthenticationFailure", str(exc)) from None
         # One string for every reader of a source, not one per HimitsuSecret's memory.
         source = sys.intern(himitsu.source_fingerprint(
             api_url, spec.project_id, spec.environment_id, token))
         if mem.refused == source and not forced and mem.refused_until > now:
-            raise _Requeue(self._recheck(spec, mem.refused_until - now))
+            raise _Requeue(schedule.recheck(spec.refresh_interval, mem.refused_until - now))
         return token, source
 
-    def _report_synced(self, ctx: Context, spec: api.Spec, *, version: int, count: int,
-                       data_changed: bool, answered: float, late: float,
-                       interval: float) -> None:
-        try:
-            self._status.synced(
-                ctx.key, ctx.obj, version=version, secret_count=count,
-                generation=ctx.generation, force_sync=api.force_sync_value(ctx.obj),
-                data_changed=data_changed, target=spec.target.name,
-                answered_at=datetime.fromtimestamp(answered, UTC), late=late,
-                interval=interval)
-        except KubeError as exc:
-            raise _Failure("WriteFailure", str(exc)) from None
-
-    def _release_earlier_targets(self, ctx: Context, spec: api.Spec) -> None:
-        """The target holds our data now: an earlier one (target.name changed) goes."""
-        try:
-            retire.old_targets(self._kube, ctx.obj, owner=ctx.owner, spec=spec)
-        except Conflict:
-            raise _Requeue() from None
-        except KubeError as exc:
-            raise _Failure("WriteFailure", f"releasing an earlier target: {exc}") from None
-
     def _follow_spec(self, ctx: Context, spec: api.Spec, mem: Memory, api_url: str) -> bool:
-        """Memory follows the spec: a HimitsuSecret whose spec names another source leaves
-        the old one (its secrets go with its last reader) even if this reconcile fails
-        before it reads anything (a missing token Secret). True when it moved so (another
-        token Secret or key, say: Himitsu is asked whether that token reads the source)."""
+        """Memory follows the spec, even if this reconcile fails before it reads anything:
+        True when it names another source (Himitsu is asked whether that token reads it)."""
         reads = (api_url, spec.project_id, spec.environment_id, spec.auth_secret_name,
                  spec.auth_secret_key)
         if mem.reads != reads:
             self._fetcher.release(ctx.key)
-            # First seen in this process: the status was written for this very spec (its
-            # generation), or the spec changed since, perhaps its token reference.
+            # First seen here: moved if the spec changed since the status was written.
             moved = mem.reads is not None or ctx.status.observed_generation != ctx.generation
             # Interned: parsing makes new strings, which memory would keep per object.
             mem.follow(tuple(sys.intern(part) for part in reads))
             return moved
         return False
 
-    @staticmethod
-    def _known_version(ctx: Context, *, intact: bool) -> int | None:
-        """The version to send in If-None-Match, or None when a full fetch is required.
-
-        ``intact``: the target holds exactly what we wrote at ``status.configVersion``
-        (``targets.is_consistent``: not missing, edited, or written for another source)."""
-        status = ctx.status
-        if status.observed_generation != ctx.generation:
-            return None  # the spec changed since the status was written
-        if api.force_sync_value(ctx.obj) != status.last_force_sync:
-            return None  # a user asked for a full fetch
-        return status.config_version if intact else None
-
-    def _read_target(
-        self, ctx: Context, spec: api.Spec, mem: Memory,
-    ) -> dict[str, Any] | None:
-        # An Owner target we may write is labelled as ours, so the informer holds it. For
-        # a HimitsuSecret that never wrote one, a miss means there is none, and the
-        # create that follows saves a GET that would only say 404; should the name be
-        # taken after all (a foreign Secret, unlabelled), the create says 409 and we read
-        # it directly from then on. A target we wrote can also leave the cache without
-        # being deleted (a GitOps tool pruned our label): one direct read tells, so it is
-        # relabelled rather than created over. A Merge target is someone else's until
-        # adopted: read it.
-        owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
-        target = self._kube.get_secret(
-            ctx.owner.namespace, spec.target.name, cached=owner_policy)
-        wakes.note_cache(mem, target)
-        missing = target is None and owner_policy
-        if missing and mem.target_rv is None and ctx.status.config_version is None:
-            return None  # never written by this HimitsuSecret: nothing to ask
-        if missing or (mem.target_rv is not None and resource_version(target) != mem.target_rv):
-            # The cache disagrees with our last write: it lags, or someone else wrote.
-            # One direct read tells which, instead of a needless full fetch and rewrite.
-            target = self._kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
-            # Whichever it was, the fresh copy is now the one to expect: without this, a
-            # write by someone else (a foreign key added to a Merge target) would cost a
-            # direct read on every poll from then on.
-            mem.expect(resource_version(target))
-        return target
-
-    def _token(self, namespace: str, spec: api.Spec, api_url: str, *,
-               max_age: float | None) -> str:
-        try:
-            return self._tokens.read(namespace, spec.auth_secret_name, spec.auth_secret_key,
-                                     api_url=api_url, max_age=max_age)
-        except TokenNotAllowed as exc:
-            raise _Failure("InvalidSpec", str(exc)) from None
-        except TokenError as exc:
-            raise _Failure("AuthenticationFailure", str(exc)) from None
-
     def _fetch(
         self, ctx: Context, spec: api.Spec, token: str, known: int | None, *,
-        window: float, api_url: str, floor: int | None, fallback: bool, fingerprint: str,
+        max_age: float, api_url: str, floor: int | None, fallback: bool, fingerprint: str,
     ) -> tuple[himitsu.FetchResult, float | None, bool]:
         """Himitsu's answer, None and False; or, for a write that cannot wait (``fallback``:
-        a first sync or a repair) while Himitsu cannot be asked (429, 5xx, transport,
-        pacing), the secrets the poller holds for this very source, when to try again, and
-        whether that was a rate limit (a 429, the poller's hold after one, our pacing).
-
-        ``floor``: the version the target's data holds; an answer below it (another
-        token's older one) is never written: Himitsu is asked instead."""
-        # A user's force-sync asks Himitsu itself; otherwise an answer shared with other
-        # HimitsuSecrets reading the same source is fine within `window`
-        # (schedule.share_window says how old, and why that keeps the lag bounded).
-        forced = api.force_sync_value(ctx.obj) != ctx.status.last_force_sync
-        max_age = 0.0 if forced else window
+        a first sync, a repair) while Himitsu cannot be asked, the secrets the poller holds
+        for this very source, when to ask again, and whether Himitsu rate-limited it.
+        ``floor``: the version the target holds; an older answer is never written."""
         source = {"api_url": api_url, "project_id": spec.project_id,
                   "environment_id": spec.environment_id, "token": token}
         try:
@@ -448,7 +357,7 @@ class HimitsuSecretReconciler:
             wait = self._remember(ctx).refused_by(fingerprint, now=self._clock(),
                                                   backoff=schedule.auth_backoff)
             raise _Failure("AuthenticationFailure", message, request_id=request_id,
-                           retry_after=self._recheck(spec, wait)) from None
+                           retry_after=schedule.recheck(spec.refresh_interval, wait)) from None
         if isinstance(exc, (himitsu.BadRequest, himitsu.InvalidInput)):
             raise _Failure("InvalidSpec", message, request_id=request_id) from None
         if isinstance(exc, himitsu.RateLimited):  # this reconcile's own request got the 429
@@ -457,20 +366,6 @@ class HimitsuSecretReconciler:
                 f"rate limited by the Himitsu API, retrying in {round(delay)} s"
             ), retry_after=delay, request_id=request_id) from None
         raise _Failure("FetchFailure", message, request_id=request_id) from None
-
-    @staticmethod
-    def _recheck(spec: api.Spec, wait: float) -> float:
-        """When to look at a refused token's Secret again: within ``TOKEN_RECHECK`` (and
-        refreshInterval), or when Himitsu may be asked again if that comes first."""
-        interval = spec.refresh_interval if spec.refresh_interval > 0 else float("inf")
-        return max(0.1, min(wait, schedule.TOKEN_RECHECK, interval))
-
-    def _render(self, spec: api.Spec, secrets: Mapping[str, str]) -> dict[str, str]:
-        tpl = spec.target.template
-        try:
-            return render.render(tpl.format, secrets, key=tpl.data_key)
-        except render.RenderError as exc:
-            raise _Failure("InvalidSpec", str(exc)) from None
 
     def _write(
         self, ctx: Context, spec: api.Spec, mem: Memory, *, target: dict[str, Any] | None,
@@ -486,8 +381,7 @@ class HimitsuSecretReconciler:
         except writes.Refused as exc:
             raise _Failure(exc.reason, exc.message) from None
         except writes.Raced as exc:
-            # What a direct read showed, if one did: the next reconcile reads it afresh
-            # (the cache disagrees with it) instead of deciding on the cache again.
+            # What a direct read showed, if one did: the next reconcile reads it afresh.
             races = mem.lost_race(exc.seen, creating=exc.creating)
             if races >= RACES_REPORTED:  # now _failed's backoff paces the retries
                 raise _Failure("WriteFailure", (
@@ -504,8 +398,6 @@ class HimitsuSecretReconciler:
         mem.wrote(resource_version(done.secret), sent=done.wrote)
         return done.data_changed
 
-    # -- failures and timing ----------------------------------------------------------
-
     def _failed(self, ctx: Context, spec: api.Spec | None, failure: _Failure) -> Result:
         mem = self._remember(ctx)
         mem.failed()
@@ -513,10 +405,8 @@ class HimitsuSecretReconciler:
         log.info("sync failed", key=ctx.key, reason=failure.reason, message=failure.message,
                  request_id=failure.request_id)
         try:
-            self._status.failed(
-                ctx.key, ctx.obj, reason=failure.reason, message=failure.message,
-                generation=ctx.generation, request_id=failure.request_id,
-            )
+            self._status.failed(ctx.key, ctx.obj, reason=failure.reason, message=failure.message,
+                                generation=ctx.generation, request_id=failure.request_id)
         except KubeError as exc:
             log.warning("status update failed", key=ctx.key, error=str(exc))
         interval = spec.refresh_interval if spec is not None else 0.0
@@ -524,11 +414,10 @@ class HimitsuSecretReconciler:
         return Result(requeue_after=delay, error=failure.reason)
 
     def _note_overdue(self, ctx: Context, spec: api.Spec) -> None:
-        """A poll held back by request pacing with the target over a refreshInterval past
-        its promise: Ready's message says so (one patch: the note does not change while
-        the poll waits). The promise is mem.interval's, not a refreshInterval edited since."""
+        """A poll held back by pacing over an interval past its promise (``mem.interval``'s,
+        not a refreshInterval edited since): Ready's message says so, in one patch."""
         mem = self._remember(ctx)
-        now, interval = self._now().timestamp(), mem.interval
+        now, interval = self._clock(), mem.interval
         if schedule.lag(now, mem.answered, interval) <= interval:
             return
         try:
@@ -541,38 +430,10 @@ class HimitsuSecretReconciler:
         return self._now().timestamp()
 
     def lag(self) -> tuple[float, int, float]:
-        """The largest lag behind the promise, how many targets lag and the largest lag
-        in refreshIntervals, over every
-        HimitsuSecret in the cache (``sync.polling.lag``: why not only those in memory)."""
+        """``sync.polling.lag.worst`` over every HimitsuSecret in the cache."""
         with self._lock:
             memory = dict(self._memory)
-        return lag.worst(self._now().timestamp(), self._kube.list_himitsu_secrets(), memory)
-
-    def _window(self, spec: api.Spec, mem: Memory, *, intact: bool) -> float:
-        if mem.revalidate is not None:  # only an answer asked for since (see ``_sync``)
-            since = max(0.0, self._now().timestamp() - mem.revalidate)
-            # A first sync or a repair still to write (its last write failed) takes data of
-            # seconds ago: an answer since a revalidation long due would be served forever.
-            return since if intact else min(since, schedule.FRESH)
-        return schedule.share_window(spec.refresh_interval, now=self._now().timestamp(),
-                                     due=mem.due, answered=mem.answered, intact=intact)
-
-    def _check_api_url(self, spec: api.Spec) -> str:
-        try:
-            return self._allowed.check(spec.api_url)
-        except allowlist.NotAllowed as exc:
-            raise _Failure("InvalidSpec", str(exc)) from None
-
-    def _claims(self, namespace: str, holder: str, secret_name: str) -> bool:
-        """Does HimitsuSecret ``holder`` still exist and still name this Secret as its target?
-
-        A HimitsuSecret whose target.name moved on no longer holds its old target.
-        """
-        obj = self._kube.get_himitsu_secret(namespace, holder)
-        if obj is None:
-            return False
-        target = ((obj.get("spec") or {}).get("target") or {}).get("name")
-        return target == secret_name
+        return lag.worst(self._clock(), self._kube.list_himitsu_secrets(), memory)
 
     def _remember(self, ctx: Context) -> Memory:
         with self._lock:

@@ -3,7 +3,7 @@
 * Kubernetes conventions: lastTransitionTime moves only when Ready flips, one Event per
   transition, and a status that would not change is not written.
 * The writer remembers what it last patched (one flat tuple per object): the informer's
-  copy lags behind our own patch. Conditions of another writer are kept.
+  copy lags behind it. A status is skipped only if the object already holds it.
 
 Design: docs/design/status.md
 """
@@ -42,20 +42,13 @@ class StatusWriter:
         generation: int, force_sync: str | None, data_changed: bool, target: str,
         answered_at: datetime | None = None, late: float = 0.0, interval: float = 0.0,
     ) -> None:
-        """``answered_at``: when Himitsu gave the answer now in the target (a shared answer
-        may be seconds old). It is the lastSyncTime, so readers of one answer record the
-        same second and, after a restart, come due together again.
-
-        ``late``: how far past its promise (the held answer + ``interval``) this poll ran;
-        more than an interval late is said in Ready's message, in the patch every poll
-        makes anyway (an on-time poll's message is the plain one again)."""
+        """``answered_at`` (lastSyncTime): when Himitsu gave the answer the target holds.
+        ``late``: how far past its promise this poll ran; more than ``interval`` is said."""
         previous = self._current(key, obj)
         status = dict(previous)
         status.update({
-            "configVersion": version, "secretCount": secret_count,
-            "lastSyncTime": self._timestamp(answered_at), "observedGeneration": generation,
-        })
-        status["lastForceSync"] = force_sync
+            "configVersion": version, "secretCount": secret_count, "lastForceSync": force_sync,
+            "lastSyncTime": self._timestamp(answered_at), "observedGeneration": generation})
         message = _holds(target, secret_count, version)
         if interval > 0 and late > interval:
             message += (f"{LATE_NOTE}{api.format_duration(late)} later than "
@@ -75,10 +68,7 @@ class StatusWriter:
         self, key: str, obj: Mapping[str, Any], *, target: str, interval: float, generation: int,
     ) -> None:
         """The next poll is held back while the target is over an interval past its
-        promise: Ready (still True: the target holds its last good data) says so. The
-        message depends only on the status, so a poll waiting longer writes nothing more;
-        one saying the last poll ran late is left as it is (under a chronic shortfall every
-        poll is late: two notes would take turns, two patches a poll instead of one)."""
+        promise: Ready (still True) says so, once; a late note already there stays."""
         previous = self._current(key, obj)
         if (_ready_status(previous) != "True"  # a failure already says why nothing is polled
                 or LATE_NOTE in str(_ready_field(previous, "message") or "")):
@@ -99,14 +89,14 @@ class StatusWriter:
         self, key: str, obj: Mapping[str, Any], *, reason: str, message: str, generation: int,
         request_id: str | None = None,
     ) -> None:
-        """``message`` is Ready's (the same while a failure repeats: nothing is written);
-        ``request_id``, Himitsu's for this attempt, goes only into a transition's Event."""
+        """``request_id``, Himitsu's for this attempt, goes only into a transition's Event."""
         previous = self._current(key, obj)
         status = dict(previous)
         message = bounded(message)
         status["conditions"] = _with_ready(
             previous, self._ready("False", reason, message, previous, generation))
-        transition = (_ready_status(previous), _ready_reason(previous)) != ("False", reason)
+        transition = (_ready_status(previous), _ready_field(previous, "reason")) != (
+            "False", reason)
         try:
             # Nothing to write (the same failure again, or after a restart): still in the gauge.
             self._write_if_changed(key, obj, status, previous)
@@ -117,21 +107,15 @@ class StatusWriter:
 
     def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``status.rolloutRestarts`` as we last wrote it (``sync.restarts``)."""
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        with self._lock:  # no copy of the whole status: every reconcile asks
-            remembered = self._written.get(key)
-        if remembered is not None and remembered[0] == uid:
-            # Packed flat only when it holds nothing but our plain fields (``_pack``).
-            status = remembered[1] if len(remembered) == 2 else None
-        else:
-            status = obj.get("status")
+        packed = self._remembered(key, obj)  # no copy of the whole status: every reconcile asks
+        # Packed flat only when it holds nothing but our plain fields (``_pack``).
+        status = obj.get("status") if packed is None else packed[2] if len(packed) == 3 else None
         entries = status.get("rolloutRestarts") if isinstance(status, Mapping) else None
         return [dict(e) for e in entries if isinstance(e, Mapping)] \
             if isinstance(entries, list) else []
 
     def rollouts(self, key: str, obj: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
-        """Write ``status.rolloutRestarts`` (removed when empty) if it changed: Ready and
-        everything else stay as they are."""
+        """Write ``status.rolloutRestarts`` (removed when empty) if it changed."""
         previous = self._current(key, obj)
         status = dict(previous)
         status["rolloutRestarts"] = entries or None
@@ -144,17 +128,20 @@ class StatusWriter:
         namespace, _, name = key.partition("/")
         metrics.forget_ready(namespace, name)
 
-    # -- helpers ------------------------------------------------------------------------
+    def _remembered(self, key: str, obj: Mapping[str, Any]) -> _Packed | None:
+        """Our last write to this very object (its uid)."""
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            packed = self._written.get(key)
+        return packed if packed is not None and packed[0] == uid else None
 
     def _current(self, key: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         """A fresh dict (the caller's to change): what we last wrote, else the object's."""
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        with self._lock:
-            remembered = self._written.get(key)
+        packed = self._remembered(key, obj)
         raw = obj.get("status")
-        if remembered is None or remembered[0] != uid:
+        if packed is None:
             return _copy_status(raw) if isinstance(raw, Mapping) else {}
-        status = _unpack(remembered)
+        status = _unpack(packed)
         # Conditions another writer keeps (the schema admits no other field): as the
         # informer last saw them, not as they were when we last wrote.
         seen = raw.get("conditions") if isinstance(raw, Mapping) else None
@@ -172,17 +159,20 @@ class StatusWriter:
         since = _ready_field(previous, "lastTransitionTime")
         if _ready_status(previous) != state or not since:
             since = self._timestamp()
-        message = bounded(message)
         return api.Condition(
-            type="Ready", status=state, reason=reason, message=message,
+            type="Ready", status=state, reason=reason, message=bounded(message),
             last_transition_time=str(since), observed_generation=generation,
         ).to_dict()
 
     def _write_if_changed(self, key: str, obj: Mapping[str, Any], status: dict[str, Any],
                           previous: Mapping[str, Any]) -> None:
-        """Write ``status`` unless it is ``previous`` (a patch that changes nothing still
-        bumps the object's resourceVersion and wakes every watcher); report Ready either way."""
-        if {k: v for k, v in status.items() if v is not None} != previous:
+        """Write ``status`` unless the object holds it: ``previous`` (ours) while the informer
+        shows the copy our last write was built on, else the informer's; report Ready."""
+        packed = self._remembered(key, obj)
+        lags = packed is not None and packed[1] == (obj.get("metadata") or {}).get(
+            "resourceVersion")
+        if {k: v for k, v in status.items() if v is not None} != (
+                previous if lags else obj.get("status") or {}):
             self._write(key, obj, status)
         else:
             self._report(obj, previous)
@@ -193,13 +183,13 @@ class StatusWriter:
         # The uid: a status computed from a deleted object never lands on its namesake.
         self._kube.patch_status(namespace, name, status, uid=str(meta.get("uid", "")))
         stored = {k: v for k, v in status.items() if v is not None}
-        with self._lock:
-            self._written[key] = _pack(str(meta.get("uid", "")), stored)
+        with self._lock:  # built on this copy of the object: see ``_remembered``
+            self._written[key] = _pack(str(meta.get("uid", "")), meta.get("resourceVersion"),
+                                       stored)
         self._report(obj, stored)
 
     @staticmethod
     def _report(obj: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-        """``himitsu_secret_ready`` for ``obj`` from the status it now has."""
         meta = obj.get("metadata") or {}
         reason = str(_ready_field(status, "reason") or "")
         metrics.set_ready(str(meta.get("namespace", "")), str(meta.get("name", "")),
@@ -219,37 +209,36 @@ class StatusWriter:
 _FIELDS = ("configVersion", "secretCount", "lastSyncTime", "observedGeneration",
            "lastForceSync")
 _READY = ("type", "status", "reason", "message", "lastTransitionTime", "observedGeneration")
-_Packed = tuple[Any, ...]  # (uid, *_FIELDS, *_READY[1:]) or (uid, the status dict)
+_Packed = tuple[Any, ...]  # (uid, rv, *_FIELDS, *_READY[1:]) or (uid, rv, the status dict)
 
 
-def _pack(uid: str, status: dict[str, Any]) -> _Packed:
-    """``status`` (fields absent as None) as one flat tuple when it holds only our fields
-    and one Ready condition (what every write of ours leaves), else ``(uid, status)``."""
+def _pack(uid: str, rv: str | None, status: dict[str, Any]) -> _Packed:
+    """``status`` as one flat tuple when it holds only our fields and one Ready condition
+    (what every write of ours leaves), else ``(uid, rv, status)``."""
     conditions = status.get("conditions")
     known = set(status) <= {*_FIELDS, "conditions"}
     if known and isinstance(conditions, list) and len(conditions) == 1:
         ready = conditions[0]
         if (isinstance(ready, dict) and ready.get("type") == "Ready"
                 and set(ready) <= set(_READY)):
-            return (uid, *(status.get(k) for k in _FIELDS),
+            return (uid, rv, *(status.get(k) for k in _FIELDS),
                     *(ready.get(k) for k in _READY[1:]))
-    return (uid, _copy_status(status))
+    return (uid, rv, _copy_status(status))
 
 
 def _unpack(packed: _Packed) -> dict[str, Any]:
-    if len(packed) == 2:
-        return _copy_status(packed[1])
-    fields = packed[1:1 + len(_FIELDS)]
+    if len(packed) == 3:
+        return _copy_status(packed[2])
+    fields = packed[2:2 + len(_FIELDS)]
     status = {k: v for k, v in zip(_FIELDS, fields, strict=True) if v is not None}
     ready = {"type": "Ready", **{k: v for k, v in zip(
-        _READY[1:], packed[1 + len(_FIELDS):], strict=True) if v is not None}}
+        _READY[1:], packed[2 + len(_FIELDS):], strict=True) if v is not None}}
     status["conditions"] = [ready]
     return status
 
 
 def _copy_status(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a status as deep as JSON makes it (scalars, the conditions' dicts)
-    without ``copy.deepcopy``'s cost on every poll."""
+    """A copy as deep as the conditions' dicts, without ``copy.deepcopy``'s cost."""
     status = dict(raw)
     conditions = status.get("conditions")
     if isinstance(conditions, list):
@@ -258,8 +247,7 @@ def _copy_status(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _with_ready(previous: Mapping[str, Any], ready: dict[str, Any]) -> list[Any]:
-    """``previous``'s conditions with Ready (in its place, else first) as ``ready``: the
-    conditions another writer added are theirs to keep."""
+    """``previous``'s conditions (another writer's too) with Ready, in its place, as ``ready``."""
     conditions = [c for c in previous.get("conditions") or [] if isinstance(c, Mapping)]
     at = next((i for i, c in enumerate(conditions) if c.get("type") == "Ready"), 0)
     others = [dict(c) for c in conditions if c.get("type") != "Ready"]
@@ -275,8 +263,7 @@ def _keys(count: int) -> str:
 
 
 def bounded(message: str) -> str:
-    """``message`` cut to at most MAX_MESSAGE bytes of UTF-8 (what etcd stores), with an
-    ellipsis when cut: a message quoting user input must not bloat the object."""
+    """``message`` cut to at most MAX_MESSAGE bytes of UTF-8, with an ellipsis when cut."""
     if len(message.encode("utf-8")) <= MAX_MESSAGE:
         return message
     cut = message.encode("utf-8")[: MAX_MESSAGE - len("…".encode())]
@@ -292,9 +279,4 @@ def _ready_field(status: Mapping[str, Any], name: str) -> Any:
 
 def _ready_status(status: Mapping[str, Any]) -> str | None:
     value = _ready_field(status, "status")
-    return str(value) if value is not None else None
-
-
-def _ready_reason(status: Mapping[str, Any]) -> str | None:
-    value = _ready_field(status, "reason")
     return str(value) if value is not None else None

@@ -1,10 +1,8 @@
 """What the informers keep of each object: only what the reconcile reads (their transforms).
 
-* A Secret's summary: the metadata the reconcile reads, its type, its sorted keys and one
-  keyed digest (HMAC under a per-process key) of the operator's values: never a value.
-  A write reads the Secret afresh; a summary is never its base.
+* A Secret's summary: its metadata, type, sorted keys and one keyed digest of the
+  operator's values, never a value; a write reads the Secret afresh.
 * A HimitsuSecret keeps its spec, status and the metadata the reconcile reads.
-* Both share the strings that repeat from object to object (``SHARED``).
 
 Design: docs/design/targets.md
 """
@@ -28,8 +26,7 @@ DIGEST = "himitsu.io/data-digest"
 LAST_APPLIED = api.ANN_LAST_APPLIED
 # This process's digest key: no digest outlives it, none is compared across processes.
 _KEY = secrets.token_bytes(32)
-# Fields whose values many cached objects hold alike: a source's fields, our stamps, the
-# Ready condition's words, the digests of data that many targets hold.
+# Fields whose values many cached objects hold alike (interned by the informer).
 SHARED = frozenset({
     "apiVersion", "kind", "namespace", "type", "apiUrl", "projectId", "environmentId",
     "refreshInterval", "creationPolicy", "format", "key", "status", "reason",
@@ -55,7 +52,7 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
     data: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
     keys = sorted(data)
     digested = _digested_keys(annotations or {}, keys)
-    summary: dict[str, Any] = {
+    return {
         "apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Secret"),
         "metadata": kept, "type": obj.get("type", "Opaque"),
         # One string (data keys hold no ","), shared by every target with the same keys.
@@ -63,7 +60,6 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
                  "ours": None if digested is None else _keyed(
                      api.data_hash({k: data[k] for k in digested if k in data}))},
     }
-    return summary
 
 
 def himitsu_secret(obj: dict[str, Any]) -> dict[str, Any]:
@@ -91,8 +87,8 @@ def keys_of(obj: Mapping[str, Any]) -> list[str]:
 
 
 def holds_hash(obj: Mapping[str, Any], keys: Sequence[str], recorded: str) -> bool:
-    """Do the values of the ``keys`` of ``obj`` (those it holds) have ``api.data_hash``
-    ``recorded``? Of a summary, known only for the keys its digest covers (False else)."""
+    """Do the values of ``obj``'s ``keys`` have ``api.data_hash`` ``recorded``? Of a
+    summary, known only for the keys its digest covers (False else)."""
     if not is_summary(obj):
         data = obj.get("data") or {}
         return api.data_hash({k: data[k] for k in keys if k in data}) == recorded

@@ -1,9 +1,7 @@
 """The Himitsu token a HimitsuSecret names: read from its Secret, trimmed, checked.
 
-* The Secret's ``himitsu.io/allowed-api-urls`` must allow the apiUrl (``TokenNotAllowed``).
-* The value is checked against Himitsu's token format before it is ever sent.
-* Messages name the Secret and the key, never the value; a missing, empty, binary or
-  malformed value shares one message (the log says which).
+* Its Secret's ``himitsu.io/allowed-api-urls`` must allow the apiUrl; its format is
+  checked before it is ever sent. Messages never show the value (the log says why).
 
 Design: docs/design/adapter.md
 """
@@ -35,9 +33,8 @@ class TokenReader:
 
     def read(self, namespace: str, name: str, key: str, *, api_url: str,
              max_age: float | None = None) -> str:
-        """The checked token in ``namespace``/``name`` at ``key``, allowed to go to the
-        normalised ``api_url``; else ``TokenNotAllowed`` or ``TokenError``. ``max_age``:
-        read the Secret afresh if the cached value is older (seconds)."""
+        """The checked token, allowed to go to the normalised ``api_url``; else
+        ``TokenNotAllowed`` or ``TokenError``. ``max_age``: the cache's, in seconds."""
         try:
             found = self._kube.read_secret_value(namespace, name, key, for_url=api_url,
                                                  max_age=max_age)
@@ -60,10 +57,7 @@ class TokenReader:
             self.forget(namespace, name, key)
             log.info("token unusable", namespace=namespace, secret=name, key=key,
                      detail=problem)
-            # One message for every way a value can be unusable: which one it was would
-            # tell whoever may create a HimitsuSecret (not read Secrets) what another
-            # Secret of the namespace holds. "Not found" stays apart: it is actionable
-            # and says no more than the Secret's name, which the apiserver would too.
+            # One message for every unusable value (docs/security.md, "No oracle").
             raise TokenError(
                 f"key {key!r} of Secret {name!r} does not hold a usable Himitsu API key "
                 "(himi_<16 hex>_<43 base64url>, no more); put the token there, or point "
@@ -76,8 +70,7 @@ class TokenReader:
 
 
 def _checked(raw: bytes | None) -> tuple[str | None, str]:
-    """The checked token, or None and what is wrong with the value: for the log, never
-    the value nor anything of it."""
+    """The checked token, or None and what is wrong with the value (for the log)."""
     if raw is None:
         return None, "the Secret has no such key"
     try:

@@ -1,14 +1,11 @@
 """When a reconcile wakes and whether it must ask anything: the wake rules.
 
-A HimitsuSecret is woken by its own timer, by watch events (our own write's echo, drift,
-a spec edit), by the periodic resync and by a restart. Most of those wakes must cost
-nothing: ``woken_idle`` sends an object back to sleep when everything is as this process
-left it, ``defer_after_restart`` lets a healthy object wait for its next poll after a
-restart (without it every restart would poll every object at once), and ``until_due``
-turns the next due time into the controller's Result, never later than refreshInterval
-and never "done" for an object that still has polls to make (only refreshInterval 0 is).
-``held_answer`` lets any other wake that is not due (a foreign annotation or Merge key,
-a spec edit keeping the source) go on without asking Himitsu anything.
+* ``woken_idle``: everything as this process left it, back to sleep;
+  ``defer_after_restart``: a healthy object waits for its next poll after a restart.
+* ``held_answer``: any other wake that is not due asks Himitsu nothing.
+* ``until_due``: the next due time as the controller's Result.
+
+Design: docs/design/polls.md ("Wakes")
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube
 from himitsu_controller.sync.target import render, targets
 
-__all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "note_cache",
+__all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "read_target",
            "until_due", "woken_idle"]
 
 
@@ -40,11 +37,7 @@ def defer_after_restart(
     kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, *, now: float,
 ) -> Result | None:
     """First reconcile in this process of a healthy object: wait for its next poll, or
-    for refreshInterval 0 (synced once) ask nothing, as ``woken_idle`` does in-process.
-
-    Without this every restart would poll every HimitsuSecret at once, and a restart
-    would sync a "0" one again (an answer it cannot hold made it Ready=False).
-    """
+    for refreshInterval 0 (synced once) ask nothing, as ``woken_idle`` does in-process."""
     if mem.target_rv is not None or mem.failures:
         return None
     status = ctx.status
@@ -52,19 +45,15 @@ def defer_after_restart(
     if last is None or not in_step(ctx):
         return None
     interval = spec.refresh_interval
-    # A lastSyncTime ahead of our clock (another replica's skew) waits no longer
-    # than an interval.
+    # A lastSyncTime ahead of our clock (another replica's skew) waits at most an interval.
     remaining = min(last.timestamp() + interval - now, interval)
     if interval > 0 and schedule.is_due(now, now + remaining):
         return None
-    # The informer's copy only: a consistent target carries our himitsu.io/managed label,
-    # the informer's selector, so a miss is a target to sync (gone, pruned, someone
-    # else's), which ``_read_target`` reads directly if it must. A direct read here cost
-    # a second GET of each missing target after a restart (a cold sync: 2 per object).
+    # The informer's copy only: a miss is a target to sync, which ``read_target`` reads
+    # directly if it must (a read here would be a second GET per object on a cold sync).
     target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
-    if not targets.is_consistent(
-        target, owner=ctx.owner, spec=spec, version=status.config_version,
-    ):
+    if not targets.is_consistent(target, owner=ctx.owner, spec=spec,
+                                 version=status.config_version):
         return None
     mem.expect(resource_version(target))
     # lastSyncTime: what the target holds
@@ -78,27 +67,18 @@ def defer_after_restart(
 def woken_idle(
     kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, *, now: float,
 ) -> Result | None:
-    """Woken before the next poll with everything as this process left it: the echo
-    of our own write (the target's watch event), a resync, a metadata-only edit.
-    Back to sleep until the poll is due, or for refreshInterval 0 for good.
-
-    Without this every data change (and every first sync) cost a second reconcile
-    with its own status patch, and "0 syncs once" was twice. Drift (another
-    resourceVersion or no target), a spec change, a force-sync, a failure and a
-    restart (no memory yet) all go on to sync.
-    """
+    """Woken before the next poll with everything as this process left it (our write's
+    echo, a resync, a metadata-only edit): back to sleep until the poll is due, or for
+    refreshInterval 0 for good. Drift, a spec change, a force-sync or a failure go on."""
     if mem.target_rv is None or mem.failures or not in_step(ctx):
         return None
-    # A due poll, or with refreshInterval 0 a due revalidation (an answer from memory
-    # written while Himitsu refused), goes on to sync.
+    # A due poll, or at refreshInterval 0 a due revalidation, goes on to sync.
     if (mem.due is None and spec.refresh_interval > 0) or (
             mem.due is not None and schedule.is_due(now, mem.due)):
         return None
     target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=True)
-    note_cache(mem, target)
     if resource_version(target) != mem.target_rv or not targets.is_consistent(
-        target, owner=ctx.owner, spec=spec, version=ctx.status.config_version,
-    ):
+            target, owner=ctx.owner, spec=spec, version=ctx.status.config_version):
         return None
     return until_due(mem, now=now)
 
@@ -109,9 +89,7 @@ def held_answer(
 ) -> tuple[himitsu.NotModified, tuple[dict[str, Any], dict[str, str]] | None] | None:
     """For a wake that needs no news (``not_due_since``) with the target's data intact:
     the answer it holds, and, when a spec edit left stamps to put back (a template
-    label), the whole target and our data in it, to write without Himitsu. None: ask.
-
-    A stamp pruned from the target (an edit: a full sync) goes the poller's way."""
+    label), the whole target and our data in it, to write without Himitsu. None: ask."""
     version, since = ctx.status.config_version, not_due_since(ctx, spec, mem, now)
     if version is None or since is None:
         return None
@@ -131,9 +109,8 @@ def held_answer(
 
 
 def not_due_since(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> float | None:
-    """When Himitsu gave the answer the target holds (this process's, else status's),
-    if nothing asks this wake for news: Ready (a failure is retried), no revalidation
-    pending, no poll due (refreshInterval 0: none ever is). Else None."""
+    """When Himitsu gave the answer the target holds, if nothing asks this wake for news:
+    Ready, no revalidation pending, no poll due (at refreshInterval 0 none ever is)."""
     ready = ctx.status.ready
     last = api.parse_time(ctx.status.last_sync_time)
     answered = mem.answered if mem.answered is not None else \
@@ -144,23 +121,30 @@ def not_due_since(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> floa
     interval = spec.refresh_interval
     if interval <= 0:
         return answered
-    # Not scheduled in this process, or under another refreshInterval: due by this one
-    # (as early as its jitter allows).
+    # Not scheduled here, or under another interval: due by this one, as early as may be.
     due = mem.due if mem.due is not None and interval == mem.interval else \
         schedule.next_due(interval, answered=answered, fraction=1.0)
     return answered if due is not None and not schedule.is_due(now, due) else None
 
 
-def note_cache(mem: Memory, target: Mapping[str, Any] | None) -> None:
-    """The informer has shown our last write: from now on it lags no more."""
-    if mem.target_rv is not None and resource_version(target) == mem.target_rv:
-        mem.cache_caught_up()
+def read_target(kube: Kube, ctx: Context, spec: api.Spec, mem: Memory) -> dict[str, Any] | None:
+    """The target: an Owner one from the cache, a direct read when the cache may be
+    wrong (docs/design/targets.md, "Reading the target")."""
+    owner_policy = spec.target.creation_policy == "Owner" and not mem.read_live
+    target = kube.get_secret(ctx.owner.namespace, spec.target.name, cached=owner_policy)
+    missing = target is None and owner_policy
+    if missing and mem.target_rv is None and ctx.status.config_version is None:
+        return None  # never written by this HimitsuSecret: nothing to ask
+    if missing or (mem.target_rv is not None and resource_version(target) != mem.target_rv):
+        # The cache lags our write, or someone else wrote: read it, and expect that copy.
+        target = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
+        mem.expect(resource_version(target))
+    return target
 
 
 def until_due(mem: Memory, *, now: float) -> Result:
-    """Sleep until the next poll, never longer than refreshInterval (a wall clock
-    stepped back: ``schedule.within_interval``). Only refreshInterval 0 (no poll due)
-    forgets the key; a due time already past is "poll now" (``schedule.requeue_delay``)."""
+    """Sleep until the next poll, never longer than refreshInterval; only refreshInterval
+    0 (no poll due) forgets the key."""
     if mem.due is None:
         return Result()
     due = schedule.within_interval(now, mem.due, mem.interval)

@@ -1,9 +1,7 @@
-"""How far targets are behind their promise: the ``himitsu_poll_lag_seconds`` and
-``himitsu_polls_overdue`` gauges, computed when scraped.
+"""How far targets are behind their promise: the poll lag gauges, computed when scraped.
 
-* Every HimitsuSecret in the informer's cache counts, from the answer this process holds
-  or else from its status.lastSyncTime: a target nobody polls any more still shows.
-* A pure read of the cache (no memory made); every replica computes the same: max, not sum.
+Every HimitsuSecret in the cache counts, from this process's answer or its lastSyncTime;
+a pure read (no memory made), the same on every replica.
 
 Design: docs/design/polls.md
 """
@@ -21,10 +19,8 @@ from himitsu_controller.sync.polling import schedule
 
 def first_sight(mem: Memory, *, last_sync_time: str | None, interval: float,
                 in_step: bool) -> None:
-    """Memory holding no answer yet (a restart, a failover): the target holds the one of
-    status.lastSyncTime, so its lag counts from there and, ``in_step`` (Ready, nothing
-    asking for a poll), its poll was due an interval after it: that poll, however long
-    pacing or a backlog holds it back, is the timed one, its lateness measured and said."""
+    """Memory holding no answer yet (a restart): the target holds lastSyncTime's, so its
+    lag counts from there and, ``in_step``, its poll was due an interval after it."""
     last = api.parse_time(last_sync_time)
     if mem.answered is not None or interval <= 0 or last is None:
         return
@@ -36,10 +32,8 @@ def first_sight(mem: Memory, *, last_sync_time: str | None, interval: float,
 def worst(
     now: float, objects: Iterable[Mapping[str, Any]], memory: Mapping[str, Memory],
 ) -> tuple[float, int, float]:
-    """The largest lag (``schedule.lag``), how many targets lag, and the largest lag in
-    units of its own target's refreshInterval (an alert's bound for every interval). An
-    object being deleted is polled no more (a foreign finalizer may hold it for hours):
-    it promises nothing, so it does not lag."""
+    """The largest lag, how many targets lag, and the largest lag in its own target's
+    refreshIntervals. An object being deleted promises nothing, so it does not lag."""
     largest, lagging, ratio = 0.0, 0, 0.0
     for obj in objects:
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -59,23 +53,17 @@ def _lag(now: float, obj: Mapping[str, Any],
     if mem is not None and mem.uid == str(meta.get("uid", "")) and mem.answered is not None:
         return schedule.lag(now, mem.answered, mem.interval), mem.interval
     status, spec = obj.get("status"), obj.get("spec")
-    if not isinstance(status, Mapping) or not isinstance(spec, Mapping):
-        return 0.0, 0.0
-    last = api.parse_time(status.get("lastSyncTime"))
-    if last is None:
-        return 0.0, 0.0
-    raw = spec.get("refreshInterval", "1m")
+    last = api.parse_time(status.get("lastSyncTime")) if isinstance(status, Mapping) else None
+    raw = spec.get("refreshInterval", "1m") if isinstance(spec, Mapping) else None
     interval = _interval(raw) if isinstance(raw, str) else None
-    if interval is None:
+    if last is None or interval is None:
         return 0.0, 0.0
     return schedule.lag(now, last.timestamp(), interval), interval
 
 
 @functools.lru_cache(maxsize=256)
 def _interval(raw: str) -> float | None:
-    """Parsed once per distinct text (a handful in any cluster: it halves the time a
-    scrape of a cold cache takes, ~100 ms for 10,000 objects). None: InvalidSpec, whose
-    Ready condition says why; there is no promise to measure."""
+    """Parsed once per distinct text (a handful in any cluster); None: InvalidSpec."""
     try:
         return api.parse_refresh_interval({"refreshInterval": raw})
     except api.InvalidSpec:

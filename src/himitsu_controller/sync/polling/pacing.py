@@ -1,12 +1,8 @@
 """Pacing: every request to Himitsu takes a place in line that keeps its key's and its
 API URL's budget in any 60 s window, and yields to other clients.
 
-* One limiter per key and per API URL: GCRA with reservations (a burst of a tenth of the
-  budget, then an even pace whose window is Himitsu's plus ``LATE``), so each waiter is
-  told its own moment and a late caller still keeps the budget.
-* The server-header clamp: ``RateLimit-Remaining``/``-Reset`` of every answer cap our
-  requests until the server's window ends (another client may share the key).
-* A 429 is not pacing: the shared poller holds the source for its Retry-After.
+* GCRA with reservations per key and per API URL: a burst, then an even pace.
+* The server-header clamp: ``RateLimit-Remaining``/``-Reset`` cap us until its window ends.
 
 Design: docs/design/pacing.md
 """
@@ -45,12 +41,8 @@ class LocallyRateLimited(himitsu.RateLimited):
 
 
 class _Log:
-    """One budget: GCRA in its reservation form (``tat``, the theoretical arrival time of
-    the next request), and the moments placed within the window, for the server's count.
-
-    Any ``burst`` requests may go at once, then one per ``spacing``: a burst plus a
-    window's refill is the budget, so no window holds more.
-    """
+    """One budget: GCRA's ``tat`` (a burst, then one per ``spacing``: no window holds
+    more than the budget), and the moments placed within the window, for the server's count."""
 
     def __init__(self, budget: int, window: float) -> None:
         self.budget, self.window = budget, window
@@ -96,8 +88,7 @@ class _Place:
 
 @dataclass
 class _ServerView:
-    """What the server said remains of the key's window: our requests in [start, end)
-    (the answered one included) may number at most ``allowed`` + 1."""
+    """The server's count: our requests in [start, end) may number ``allowed`` + 1."""
 
     start: float
     end: float
@@ -107,19 +98,13 @@ class _ServerView:
 
 @dataclass
 class Pacer:
-    """Places in line per API key (``himitsu.pacing_key``) and per API URL; thread-safe.
-
-    ``admit`` paces a fetch's first attempt for the shared poller (a ticket names the
-    request, so the caller who comes back gets the place it was given); ``answered`` is
-    the ``himitsu.Pacing`` hook of the client, for the ``RateLimit-*`` headers of every
-    answer.
-    """
+    """Places in line per API key and per API URL; thread-safe. ``admit`` is the shared
+    poller's; ``answered`` is the client's ``himitsu.Pacing``."""
 
     clock: Callable[[], float] = time.monotonic
     token_budget: int = TOKEN_BUDGET
     api_budget: int = API_BUDGET
     window: float = WINDOW
-    late: float = LATE
     _logs: dict[tuple[str, str], _Log] = field(default_factory=dict, init=False, repr=False)
     _views: dict[str, _ServerView] = field(default_factory=dict, init=False, repr=False)
     _places: dict[str, _Place] = field(default_factory=dict, init=False, repr=False)
@@ -127,8 +112,8 @@ class Pacer:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def admit(self, ticket: str, api_url: str, key: str) -> float:
-        """0.0: send now (it is counted). Otherwise the seconds until ``ticket``'s place
-        in line, which is kept until ``late`` seconds past it: come back then."""
+        """0.0: send now (it is counted); else the seconds until ``ticket``'s place, kept
+        until ``late`` seconds past it."""
         with self._lock:
             now = self.clock()
             self._prune(now)
@@ -148,7 +133,7 @@ class Pacer:
             if at <= now:
                 return 0.0
             self._places[ticket] = _Place(at, api_url, key, before)
-            heapq.heappush(self._expiries, (at + self.late, ticket))
+            heapq.heappush(self._expiries, (at + LATE, ticket))
             return at - now
 
     def answered(
@@ -157,7 +142,7 @@ class Pacer:
         """``himitsu.Pacing``: the server's count for the key, from an answer's headers."""
         with self._lock:
             now = self.clock()
-            start = now - max(0.0, elapsed) - self.late  # when it was sent, or reserved
+            start = now - max(0.0, elapsed) - LATE  # when it was sent, or reserved
             current = self._views.get(key)
             if current is not None and current.start > start:
                 return  # an answer to an older request: the newer count stands
@@ -167,9 +152,8 @@ class Pacer:
                                            allowed=limits.remaining - reserve, limit=limit)
 
     def headroom(self) -> dict[str, float]:
-        """The smallest share of a budget left (0..1) over API keys and over API URLs:
-        requests sent or placed in the log's window against the budget, and for a key
-        the server's count when it leaves less (``himitsu_api_rate_limit_headroom_ratio``)."""
+        """The smallest share of a budget left (0..1) over API keys and over API URLs, by
+        our count or the server's if less (``himitsu_api_rate_limit_headroom_ratio``)."""
         with self._lock:
             now = self.clock()
             self._prune(now)
@@ -203,8 +187,7 @@ class Pacer:
             return t
 
     def _server_allows(self, key: str, t: float, *, placed: float | None = None) -> bool:
-        """Would one more request of ours at ``t`` (already in the log at ``placed``)
-        stay within what the server said remains of its window?"""
+        """Would one more request at ``t`` (placed at ``placed``) fit the server's count?"""
         view = self._views.get(key)
         if view is None or not view.start <= t < view.end:
             return True
@@ -227,7 +210,7 @@ class Pacer:
         while self._expiries and self._expiries[0][0] < now:
             expiry, ticket = heapq.heappop(self._expiries)
             place = self._places.get(ticket)
-            if place is not None and place.at + self.late == expiry:
+            if place is not None and place.at + LATE == expiry:
                 del self._places[ticket]  # never came back: free its place
                 self._drop(place)
         for name, log in list(self._logs.items()):

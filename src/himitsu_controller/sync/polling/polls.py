@@ -1,11 +1,8 @@
 """Shared polls: one conditional request per source per refresh window, however many read it.
 
-* A source is (API URL, project, environment, sha256 of the token): sharing across
-  HimitsuSecrets with the same token leaks nothing; different tokens never share.
-* Answers younger than a caller's ``max_age`` come from the cache; else one request
-  (single flight), conditional on the version held, so a repair is usually a 304.
-* Secrets are held once per source, as the answer's bytes, until the last reader is
-  released; requests are paced below Himitsu's limits (``pacing``).
+* A source is (API URL, project, environment, sha256 of the token): one token's readers
+  share, different tokens never do. One request at a time per source, conditional.
+* Secrets are held once per source until its last reader is released.
 
 Design: docs/design/polls.md
 """
@@ -27,6 +24,7 @@ from himitsu_controller.sync.polling.pacing import LocallyRateLimited, Pacer
 __all__ = ["Blocked", "Client", "LocallyRateLimited", "SharedPoller"]
 
 IDLE_TTL = 3600.0
+FLIGHT_TIMEOUT = 60.0  # how long a reader waits for another's request in flight
 FAILURE_HOLD = 1.0  # a source whose request failed (5xx, transport) is not asked again sooner
 
 
@@ -38,10 +36,8 @@ class Client(Protocol):
 
 
 class Blocked(LocallyRateLimited):
-    """The request was not sent: Himitsu refused this source's last request (a 429 until
-    its Retry-After, a 5xx or a transport error for ``FAILURE_HOLD``). The reader whose
-    request it was had that error; the others wait as they would for our own pacing, so
-    a mass repair during an outage costs one request per source, not one per object."""
+    """Not sent: Himitsu refused this source's last request (a 429 until its Retry-After,
+    a 5xx or a transport error for ``FAILURE_HOLD``): one request per source, not per reader."""
 
 
 @dataclass
@@ -63,21 +59,17 @@ class _Flight:
 
 
 class SharedPoller:
-    """Every answer carries the age of the request behind it and one requeue jitter drawn
-    for that request (``rng``), so all readers of a source schedule their next poll for
-    the same moment and share it again, round after round. ``pacer`` is the one the
-    client reports answers to (``HimitsuClient(pacing=...)``): one line per key."""
+    """Every answer carries its request's age and one jitter drawn for it (``rng``), so
+    its readers come back together; ``pacer`` is the client's too (one line per key)."""
 
     def __init__(
         self, client: Client, *, clock: Callable[[], float] = time.monotonic,
-        pacer: Pacer | None = None, flight_timeout: float = 60.0,
-        rng: Callable[[], float] = random.random,
+        pacer: Pacer | None = None, rng: Callable[[], float] = random.random,
     ) -> None:
         self._client = client
         self._clock = clock
         self._rng = rng
         self._pacer = pacer if pacer is not None else Pacer(clock=clock)
-        self._flight_timeout = flight_timeout
         self._entries: dict[str, _Entry] = {}
         self._readers: dict[str, str] = {}  # reader -> the source it reads
         self._flights: dict[str, _Flight] = {}
@@ -87,9 +79,8 @@ class SharedPoller:
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
         known_version: int | None, max_age: float = 0.0, reader: str | None = None,
     ) -> himitsu.FetchResult:
-        """An answer no older than ``max_age``; NotModified only when ``known_version``
-        (the version the caller's target holds) is current. ``reader`` names the caller
-        (a HimitsuSecret's key) until ``release``."""
+        """An answer no older than ``max_age``; NotModified only when ``known_version`` is
+        current. ``reader`` (a HimitsuSecret's key) reads the source until ``release``."""
         source = himitsu.source_fingerprint(api_url, project_id, environment_id, token)
         while True:
             with self._lock:
@@ -103,7 +94,7 @@ class SharedPoller:
                     flight = self._flights[source] = _Flight()
                     break
             # Someone is asking Himitsu right now: their answer is as fresh as ours would be.
-            flight.done.wait(self._flight_timeout)
+            flight.done.wait(FLIGHT_TIMEOUT)
             if flight.error is not None:
                 raise flight.error
             max_age = float("inf")
@@ -125,9 +116,7 @@ class SharedPoller:
     def remembered(
         self, *, api_url: str, project_id: str, environment_id: str, token: str,
     ) -> himitsu.Fetched | None:
-        """The secrets held for this exact source (the token's hash included), with their
-        age, whatever it is; None when none are held. For a target that must be written
-        while Himitsu cannot be asked: a missing Secret is worse than a stale one."""
+        """The secrets held for this exact source, however old (None: none are held)."""
         source = himitsu.source_fingerprint(api_url, project_id, environment_id, token)
         with self._lock:
             entry = self._entries.get(source)
@@ -187,10 +176,8 @@ class SharedPoller:
         self, source: str, *, api_url: str, project_id: str, environment_id: str, token: str,
         known: int | None,
     ) -> himitsu.FetchResult:
-        """Ask Himitsu once and remember the answer. Conditional on the version whose
-        secrets the poller holds (a 304 serves every reader), else on the caller's own:
-        after a restart, a failover or an eviction a target in sync is confirmed by a 304
-        instead of re-read in full."""
+        """Ask Himitsu once, conditional on the version whose secrets are held, else on the
+        caller's (a target in sync after a restart is confirmed by a 304), and remember."""
         wait = self._pacer.admit(source, himitsu.validate_api_url(api_url),
                                  himitsu.pacing_key(api_url, token))
         if wait > 0:
@@ -204,19 +191,16 @@ class SharedPoller:
             result = self._client.fetch(
                 api_url=api_url, project_id=project_id, environment_id=environment_id,
                 token=token, known_version=held)
-        except himitsu.RateLimited as exc:
+        except (himitsu.RateLimited, himitsu.ServerError, himitsu.TransportError) as exc:
+            limited = isinstance(exc, himitsu.RateLimited)
+            hold = float(exc.retry_after) if isinstance(exc, himitsu.RateLimited) else FAILURE_HOLD
             with self._lock:
-                entry.blocked_until = self._clock() + float(exc.retry_after)
-                entry.refusal = "rate limited by the Himitsu API"
-            raise
-        except (himitsu.ServerError, himitsu.TransportError):
-            with self._lock:
-                entry.blocked_until = self._clock() + FAILURE_HOLD
-                entry.refusal = "the Himitsu API failed a moment ago"
+                entry.blocked_until = self._clock() + hold
+                entry.refusal = "rate limited by the Himitsu API" if limited \
+                    else "the Himitsu API failed a moment ago"
             raise
         with self._lock:
-            # ``entry`` is ours for the flight (it is never dropped meanwhile, and if it
-            # were, the answer below is still the one Himitsu gave to this request).
+            # ``entry`` is ours for the flight: it is never dropped meanwhile.
             entry.at = sent
             entry.jitter = self._rng()
             entry.blocked_until = 0.0
@@ -252,8 +236,7 @@ def _answer(entry: _Entry, known: int | None, age: float) -> himitsu.FetchResult
 
 
 def _pack(secrets: Mapping[str, str]) -> bytes:
-    """The secrets as compact JSON (ASCII escapes: a lone surrogate Himitsu sent round-trips,
-    for render to refuse by name)."""
+    """Compact JSON, ASCII escapes (a lone surrogate round-trips, for render to refuse)."""
     return json.dumps(dict(secrets), ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 

@@ -1,10 +1,7 @@
 """Render a Himitsu environment into the ``data`` of a Kubernetes Secret.
 
-* Pure and deterministic: an unchanged environment renders byte-identical data, and
-  input that cannot be represented faithfully fails before anything is written.
-* Formats: ``KeyValue`` (one entry per key), ``Dotenv`` (python-dotenv's escapes in
-  double quotes), ``Json`` (sorted, indented).
-* Error messages name keys, never a value: they reach status conditions and Events.
+* Pure and deterministic; what cannot be represented faithfully fails before any write.
+* ``KeyValue``, ``Dotenv`` (python-dotenv's escapes), ``Json``; errors name keys only.
 
 Design: docs/design/targets.md
 """
@@ -18,16 +15,8 @@ from collections.abc import Iterable, Mapping
 
 from himitsu_controller.api import data_hash
 
-__all__ = [
-    "FORMATS",
-    "MAX_SECRET_BYTES",
-    "RenderError",
-    "data_hash",
-    "data_size",
-    "default_key",
-    "render",
-    "valid_data_key",
-]
+__all__ = ["FORMATS", "MAX_SECRET_BYTES", "RenderError", "data_hash", "data_size",
+           "default_key", "quote", "render", "valid_data_key"]
 
 # Kubernetes' MaxSecretSize: the apiserver sums the decoded length of every value (keys
 # are not counted) and refuses the Secret when the total is strictly greater.
@@ -40,10 +29,8 @@ _DEFAULT_KEYS: dict[str, str | None] = {"KeyValue": None, "Dotenv": ".env", "Jso
 _DATA_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
 _DATA_KEY_MAX = 253  # DNS1123SubdomainMaxLength
 
-# Characters that change how a dotenv line parses when they appear in a key: `=` ends
-# the key, `#` starts a comment, a leading quote makes it a quoted key, and quotes or a
-# backslash mean something different to other dotenv implementations. Whitespace and
-# control/format characters are refused via str.isprintable() below.
+# Characters that change how a dotenv line parses in a key (whitespace and control
+# characters are refused by str.isprintable() below).
 _DOTENV_KEY_FORBIDDEN = frozenset("=#'\"\\`")
 _DOTENV_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"})
 
@@ -52,11 +39,8 @@ _KEY_PREVIEW = 64  # characters of a key shown in an error message
 
 
 class RenderError(ValueError):
-    """The secrets cannot be rendered faithfully in the requested format.
-
-    The message names offending keys (never values) and says what to do; ``keys`` holds
-    the offending keys for callers that want them (empty for size or format errors).
-    """
+    """The secrets cannot be rendered faithfully: the message names keys (never values)
+    and says what to do; ``keys``: the offending ones (empty for size or format errors)."""
 
     def __init__(self, message: str, *, keys: Iterable[str] = ()) -> None:
         super().__init__(message)
@@ -80,24 +64,22 @@ def valid_data_key(k: str) -> bool:
 
 
 def render(fmt: str, secrets: Mapping[str, str], *, key: str | None = None) -> dict[str, str]:
-    """Render ``secrets`` as Secret ``data``: ``{data key: base64 of the UTF-8 bytes}``.
-
-    ``key`` is the data key of the Dotenv and Json formats (default ``default_key(fmt)``)
-    and is ignored for KeyValue. Raises RenderError when the result would not read back
-    as ``secrets`` or would exceed the Kubernetes Secret size limit.
-    """
+    """``secrets`` as Secret ``data`` (base64 of UTF-8); ``key``: Dotenv's and Json's data
+    key. RenderError when it would not read back as ``secrets`` or is over 1 MiB."""
     _check_format(fmt)
     encoded = _encode_all(secrets)
     raw: dict[str, bytes]
     if fmt == "KeyValue":
-        _check_keyvalue_keys(secrets)
+        _raise_for((k for k in secrets if not valid_data_key(k)),
+                   f"cannot be a Kubernetes Secret data key ({_DATA_KEY_RULE}); "
+                   "use template format Dotenv or Json for such keys")
         raw = encoded
     else:
         blob_key = key if key is not None else _DEFAULT_KEYS[fmt]
         assert blob_key is not None  # every single-blob format has a default
         if not valid_data_key(blob_key):
             raise RenderError(
-                f"template key {_quote(blob_key)} is not a valid Kubernetes Secret data key "
+                f"template key {quote(blob_key)} is not a valid Kubernetes Secret data key "
                 f"({_DATA_KEY_RULE}); set target.template.key to a valid one",
                 keys=[blob_key],
             )
@@ -113,14 +95,9 @@ def render(fmt: str, secrets: Mapping[str, str], *, key: str | None = None) -> d
 
 
 def data_size(data: Mapping[str, str]) -> int:
-    """Total decoded byte size of Secret ``data``, as the apiserver counts it (values only).
-
-    Raises ValueError (binascii.Error) if a value is not valid base64.
-    """
+    """Total decoded byte size of Secret ``data``, as the apiserver counts it."""
     return sum(len(base64.b64decode(v, validate=True)) for v in data.values())
 
-
-# --- helpers -------------------------------------------------------------------------
 
 _DATA_KEY_RULE = (
     "only A-Z a-z 0-9 . _ - are allowed, at most 253 characters, not '.' or '..' "
@@ -130,55 +107,34 @@ _DATA_KEY_RULE = (
 
 def _check_format(fmt: str) -> None:
     if fmt not in _DEFAULT_KEYS:
-        raise RenderError(f"unknown template format {_quote(fmt)}; use KeyValue, Dotenv or Json")
+        raise RenderError(f"unknown template format {quote(fmt)}; use KeyValue, Dotenv or Json")
 
 
-def _quote(key: str) -> str:
+def quote(key: str) -> str:
     """repr() of a key, truncated: safe to put in a status message whatever it holds."""
-    if len(key) > _KEY_PREVIEW:
-        return repr(key[:_KEY_PREVIEW]) + "..."
-    return repr(key)
-
-
-def _name_keys(bad: Iterable[str]) -> tuple[str, list[str]]:
-    """Describe offending keys: the first few in sorted order, and how many there are."""
-    ordered = sorted(bad)
-    named = ", ".join(_quote(k) for k in ordered[:_NAMED_KEYS])
-    if len(ordered) > _NAMED_KEYS:
-        named += f" and {len(ordered) - _NAMED_KEYS} more"
-    noun = "key" if len(ordered) == 1 else f"{len(ordered)} keys"
-    return f"{noun} {named}", ordered
+    return repr(key[:_KEY_PREVIEW]) + ("..." if len(key) > _KEY_PREVIEW else "")
 
 
 def _raise_for(bad: Iterable[str], problem: str) -> None:
-    bad = list(bad)
-    if bad:
-        described, ordered = _name_keys(bad)
-        raise RenderError(f"{described}: {problem}", keys=ordered)
+    """RenderError naming the first few offending keys, in sorted order, and how many."""
+    ordered = sorted(bad)
+    if ordered:
+        named = ", ".join(quote(k) for k in ordered[:_NAMED_KEYS])
+        if len(ordered) > _NAMED_KEYS:
+            named += f" and {len(ordered) - _NAMED_KEYS} more"
+        noun = "key" if len(ordered) == 1 else f"{len(ordered)} keys"
+        raise RenderError(f"{noun} {named}: {problem}", keys=ordered)
 
 
 def _encode_all(secrets: Mapping[str, str]) -> dict[str, bytes]:
-    """UTF-8 encode every value, refusing keys or values that are not valid Unicode text.
-
-    A lone surrogate (JSON allows ``"\\ud800"``) has no UTF-8 form. The error is raised
-    outside any ``except`` block so no UnicodeEncodeError, which quotes the text,
-    is chained onto it.
-    """
-    encoded: dict[str, bytes] = {}
-    bad: list[str] = []
-    for k, v in secrets.items():
-        k_ok = _utf8(k) is not None
-        value = _utf8(v)
-        if not k_ok or value is None:
-            bad.append(k)
-        else:
-            encoded[k] = value
+    """UTF-8 of every value; a lone surrogate refused outside any ``except`` (a chained
+    UnicodeEncodeError would quote the text)."""
     _raise_for(
-        bad,
+        (k for k, v in secrets.items() if _utf8(k) is None or _utf8(v) is None),
         "key or value is not valid Unicode text (contains a lone surrogate) and "
         "cannot be stored; fix the secret in Himitsu",
     )
-    return encoded
+    return {k: v.encode("utf-8") for k, v in secrets.items()}
 
 
 def _utf8(text: str) -> bytes | None:
@@ -188,17 +144,8 @@ def _utf8(text: str) -> bytes | None:
         return None
 
 
-def _check_keyvalue_keys(secrets: Mapping[str, str]) -> None:
-    _raise_for(
-        (k for k in secrets if not valid_data_key(k)),
-        f"cannot be a Kubernetes Secret data key ({_DATA_KEY_RULE}); "
-        "use template format Dotenv or Json for such keys",
-    )
-
-
 def _valid_dotenv_key(k: str) -> bool:
-    # isprintable() is False for whitespace other than ' ', control and format
-    # characters; ' ' itself would end the key.
+    # isprintable(): no whitespace but ' ' (which would end the key), no control characters.
     return bool(k) and k.isprintable() and " " not in k and _DOTENV_KEY_FORBIDDEN.isdisjoint(k)
 
 
@@ -208,8 +155,7 @@ def _render_dotenv(secrets: Mapping[str, str]) -> str:
         "cannot be written as a dotenv key (no whitespace, control characters, "
         "= # quotes ` or backslash); use template format Json for such keys",
     )
-    # No environment variable can hold NUL (execve takes C strings); load_dotenv raises
-    # on it. Refuse rather than hand consumers a file that breaks at startup.
+    # No environment variable can hold NUL (execve takes C strings); load_dotenv raises.
     _raise_for(
         (k for k, v in secrets.items() if "\0" in v),
         "value contains a NUL character, which no environment variable can hold; "
@@ -219,8 +165,5 @@ def _render_dotenv(secrets: Mapping[str, str]) -> str:
 
 
 def _render_json(secrets: Mapping[str, str]) -> str:
-    # Indented rather than compact: the blob is a config file people inspect with
-    # `kubectl get secret ... | base64 -d` and diff line by line; the indentation costs
-    # a few bytes per key, negligible against the values under the 1 MiB limit.
-    # ensure_ascii=False keeps unicode readable (control characters are still escaped).
+    # Indented: a config file people read and diff (docs/design/targets.md).
     return json.dumps(dict(secrets), sort_keys=True, ensure_ascii=False, indent=2)

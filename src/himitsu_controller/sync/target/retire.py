@@ -1,11 +1,10 @@
 """A renamed target leaves no stale copy.
 
-Once the target ``target.name`` names now holds this HimitsuSecret's data, any other
-Secret carrying its stamps or controller reference (found by uid in the informer's index,
-``kube.owner_uids``: the object says whose it is, no list of past names is kept) is
-an earlier target. One with this HimitsuSecret's controller reference is deleted (with a
-uid precondition); one it merged into loses its keys, stamps and applied template
-metadata, foreign keys, labels and annotations staying. A Normal Event says which.
+Any other Secret with this HimitsuSecret's stamps or controller reference (by uid, from
+the informer's index) is an earlier target: an owned one is deleted, a merged one loses
+what we wrote. A Normal Event says which.
+
+Design: docs/design/merge-ownership.md
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Redaction by content: no value we sent comes back in a refusal's message.
 
-``runtime.apierrors`` redacts an apiserver message by its shape (quoted strings, an
-admission denial's free text); that cannot catch a value printed bare in a shape it does
-not know. The write path knows what it sent, so it also replaces every occurrence of a
-value of the Secret (as base64, as the raw text, Go-quoted and JSON-escaped, and each
-line of a multi-line value) in a ``KubeError`` before the message reaches status, Events
-or the log. Forms shorter than ``MIN_LENGTH`` are left alone: they cannot be told apart
-from the message's own words (a value ``1`` would erase every digit), and the shape
-redaction still applies to them.
+Every form of a value the write sent (base64, raw, Go-quoted, JSON-escaped, each line) is
+replaced in a ``KubeError``, beside ``runtime.apierrors``' redaction by shape; forms
+shorter than ``MIN_LENGTH`` are left alone (a value ``1`` would erase every digit).
+
+Design: docs/design/targets.md
 """
 
 from __future__ import annotations

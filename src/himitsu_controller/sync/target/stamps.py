@@ -1,11 +1,11 @@
 """Who wrote a target, and the labels and annotations the operator puts on it.
 
-Every record on a target (``managed-keys``, the template's applied keys) is trusted only
-when the stamps name this HimitsuSecret by name and uid: a name is reused, a uid never.
-Whatever another writer recorded is foreign. The template's labels and annotations are
-applied over what the target holds: on an Owner target they overwrite, on a Merge target
-they only add keys the target lacks; either way the applied keys are recorded, and a key
-is removed only when the template applied it and holds it no more.
+* A record on a target (``managed-keys``, the template's keys) counts only when the
+  stamps name this HimitsuSecret by name and uid; another writer's is foreign.
+* Template metadata overwrites on an Owner target, only adds on a Merge one; a key goes
+  only when the template applied it and holds it no more.
+
+Design: docs/design/merge-ownership.md
 """
 
 from __future__ import annotations
@@ -15,18 +15,19 @@ from typing import Any
 
 from himitsu_controller import api
 
-__all__ = ["applied", "created_for", "metadata", "stamped_by", "without_ours"]
+__all__ = ["annotations_of", "applied", "created_for", "has_controller_ref", "is_controller_ref",
+           "labels_of", "metadata", "stamped_by", "without_ours"]
 
 
 def _meta(secret: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return (secret or {}).get("metadata") or {}
 
 
-def _annotations(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
+def annotations_of(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
     return _meta(secret).get("annotations") or {}
 
 
-def _labels(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
+def labels_of(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
     return _meta(secret).get("labels") or {}
 
 
@@ -48,32 +49,27 @@ def has_controller_ref(secret: Mapping[str, Any] | None, *, uid: str | None = No
 
 def stamped_by(secret: Mapping[str, Any] | None, *, name: str, uid: str) -> bool:
     """The stamps name this HimitsuSecret, by name and uid: its records are its own."""
-    ann = _annotations(secret)
+    ann = annotations_of(secret)
     return bool(uid) and ann.get(api.ANN_OWNED_BY) == name and ann.get(api.ANN_OWNER_UID) == uid
 
 
 def created_for(secret: Mapping[str, Any] | None, *, name: str, uid: str) -> bool:
     """The operator created this Secret for the HimitsuSecret of ``uid``: its
-    ``created-for`` annotation (set on create only, never carried to another writer) or
-    its controller reference (set only on a Secret created for that uid: an Owner write
-    never adopts) names that uid. Templates may not set either (``api.is_reserved_key``)
-    and the apiserver assigns uids. A Secret written before ``created-for`` existed counts
-    by the managed-by label beside this HimitsuSecret's stamps (a later writer drops that
-    label, see ``metadata``); its next write by that HimitsuSecret records the uid."""
+    ``created-for`` or its controller reference names that uid (docs/design/merge-ownership.md)."""
     if not uid:
         return False
-    ann = _annotations(secret)
+    ann = annotations_of(secret)
     if ann.get(api.ANN_CREATED_FOR) == uid or has_controller_ref(secret, uid=uid):
         return True
     return (api.ANN_CREATED_FOR not in ann and stamped_by(secret, name=name, uid=uid)
-            and _labels(secret).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE)
+            and labels_of(secret).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY_VALUE)
 
 
 def applied(secret: Mapping[str, Any] | None, record: str, *, name: str, uid: str) -> set[str]:
     """The keys ``record`` (a managed-keys or template record) names, if ours."""
     if not stamped_by(secret, name=name, uid=uid):
         return set()
-    return _keys(_annotations(secret).get(record))
+    return _keys(annotations_of(secret).get(record))
 
 
 def _apply(have: Mapping[str, str], want: Mapping[str, str], before: set[str], *,
@@ -101,10 +97,10 @@ def metadata(existing: Mapping[str, Any] | None, *, name: str, uid: str, spec: a
     owner_policy = spec.target.creation_policy == "Owner"
     tpl = spec.target.template
     labels, applied_labels = _apply(
-        _labels(existing), tpl.labels,
+        labels_of(existing), tpl.labels,
         applied(existing, api.ANN_TEMPLATE_LABELS, name=name, uid=uid), overwrite=owner_policy)
     ann, applied_ann = _apply(
-        _annotations(existing), tpl.annotations,
+        annotations_of(existing), tpl.annotations,
         applied(existing, api.ANN_TEMPLATE_ANNOTATIONS, name=name, uid=uid),
         overwrite=owner_policy)
     labels[api.LABEL_MANAGED] = "true"
@@ -136,7 +132,7 @@ def without_ours(secret: Mapping[str, Any], *, name: str, uid: str) -> dict[str,
     and applied template metadata removed: foreign keys, labels and annotations stay."""
     meta = dict(_meta(secret))
     keys = applied(secret, api.ANN_MANAGED_KEYS, name=name, uid=uid)
-    if api.ANN_MANAGED_KEYS not in _annotations(secret) and stamped_by(
+    if api.ANN_MANAGED_KEYS not in annotations_of(secret) and stamped_by(
             secret, name=name, uid=uid) and created_for(secret, name=name, uid=uid):
         # Written as Owner (an Owner write drops the record) into a Secret created for
         # it: every key is its own, its controller reference pruned or not.
@@ -147,7 +143,7 @@ def without_ours(secret: Mapping[str, Any], *, name: str, uid: str) -> dict[str,
     if created_for(secret, name=name, uid=uid):
         label_gone.add(api.LABEL_MANAGED_BY)
         ann_gone = ann_gone | {api.ANN_CREATED_FOR}
-    meta["annotations"] = {k: v for k, v in _annotations(secret).items() if k not in ann_gone}
-    meta["labels"] = {k: v for k, v in _labels(secret).items() if k not in label_gone}
+    meta["annotations"] = {k: v for k, v in annotations_of(secret).items() if k not in ann_gone}
+    meta["labels"] = {k: v for k, v in labels_of(secret).items() if k not in label_gone}
     data = {k: v for k, v in (secret.get("data") or {}).items() if k not in keys}
     return {**secret, "metadata": meta, "data": data}

@@ -1,11 +1,8 @@
 """What the target Secret should look like, and whether the one we have can be trusted.
 
-* Pure functions over raw Secret dicts (informer summaries and whole Secrets alike; only
-  a write is built on a whole Secret): who owns a Secret, which keys are ours, when a
-  conditional request is safe.
-* Ownership is recorded on the Secret itself (``himitsu.io/owned-by``, ``owner-uid``):
-  Merge targets carry no ownerReference. A Merge into a Secret the operator did not
-  create needs its consent (``himitsu.io/allow-merge-by``).
+* Pure functions over Secret dicts (summaries too; only a write needs a whole Secret).
+* Ownership is recorded on the Secret (``owned-by``, ``owner-uid``); a Merge into a
+  Secret the operator did not create needs its consent (``allow-merge-by``).
 
 Design: docs/design/targets.md
 """
@@ -21,6 +18,11 @@ from himitsu_controller import api
 from himitsu_controller.sync import summary
 from himitsu_controller.sync.target import stamps
 from himitsu_controller.sync.target.render import data_hash
+from himitsu_controller.sync.target.stamps import annotations_of, has_controller_ref, labels_of
+
+__all__ = ["Owner", "TargetConflict", "annotations_of", "check_ownership", "consents",
+           "desired_secret", "holds_data", "holds_own_data", "holds_stamps", "is_consistent",
+           "managed_keys", "our_previous_keys", "owned_by", "same_content"]
 
 
 class TargetConflict(Exception):
@@ -36,21 +38,8 @@ class Owner:
     uid: str
 
 
-def annotations_of(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
-    if not secret:
-        return {}
-    return (secret.get("metadata") or {}).get("annotations") or {}
-
-
-def labels(secret: Mapping[str, Any] | None) -> Mapping[str, str]:
-    if not secret:
-        return {}
-    return (secret.get("metadata") or {}).get("labels") or {}
-
-
 def owned_by(secret: Mapping[str, Any] | None) -> str | None:
-    value = annotations_of(secret).get(api.ANN_OWNED_BY)
-    return value or None
+    return annotations_of(secret).get(api.ANN_OWNED_BY) or None
 
 
 def managed_keys(secret: Mapping[str, Any] | None) -> list[str]:
@@ -67,15 +56,13 @@ def check_ownership(
         return
     meta = secret.get("metadata") or {}
     if api.ANN_ALLOWED_API_URLS in annotations_of(secret):
-        # A token Secret is nobody's target, whatever the policy: its owner wrote the
-        # binding, and a write of ours would carry another author's keys into it.
+        # A token Secret is nobody's target: a write would carry other keys into it.
         raise TargetConflict(
             f"Secret {meta.get('name', '')!r} is a Himitsu token Secret (it carries "
             f"{api.ANN_ALLOWED_API_URLS}) and is never a target; point target.name at "
             "another Secret")
-    if owner.uid and _has_our_controller_ref(meta, uid=owner.uid):
-        # Ours whatever else was done to it: a GitOps tool pruning the labels and
-        # annotations we stamp (they are put back) does not make it someone else's.
+    if owner.uid and has_controller_ref(secret, uid=owner.uid):
+        # Ours whatever else was done to it (pruned stamps are put back).
         return
     name = meta.get("name", "")
     holder = owned_by(secret)
@@ -91,9 +78,8 @@ def check_ownership(
             f"annotation {api.ANN_ALLOW_MERGE_BY}: {owner.name} (or '*') to it; until "
             "then it is left as it is")
     if policy == "Owner" and not stamps.created_for(secret, name=owner.name, uid=owner.uid):
-        # Not even one the operator created for another HimitsuSecret, gone or moved
-        # since: its data is whoever keeps it now, and our controller reference would let
-        # garbage collection (or a later rename) delete it.
+        # Not even one created for another HimitsuSecret: our controller reference would
+        # let garbage collection (or a later rename) delete whoever keeps it now.
         raise TargetConflict(
             f"Secret {name!r} already exists and was not created by himitsu-operator for "
             "this HimitsuSecret; creationPolicy Owner never adopts an existing Secret "
@@ -112,25 +98,16 @@ def consents(secret: Mapping[str, Any], *, owner: Owner) -> bool:
     return "*" in allowed or owner.name in allowed
 
 
-_is_our_controller_ref = stamps.is_controller_ref
-
-
-def _has_our_controller_ref(meta: Mapping[str, Any], *, uid: str | None = None) -> bool:
-    """A controller reference to a HimitsuSecret (with ``uid``: to that one)."""
-    return stamps.has_controller_ref({"metadata": meta}, uid=uid)
-
-
 def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str, owner: Owner,
                       ) -> list[str]:
     """Keys of ``secret`` this HimitsuSecret wrote last time (all of them for an Owner
     target); keys another writer recorded are not among them (``target.stamps``)."""
     if secret is None or owned_by(secret) is None:
         return []
-    # Judged by how the target was written, not only by the policy now asked for: an
-    # Owner target (our controller reference, no managed-keys record) holds only our
-    # keys, so a HimitsuSecret moved from Owner to Merge still knows them as its own.
+    # Judged by how it was written: a HimitsuSecret moved from Owner to Merge still knows
+    # an Owner target's keys (our controller reference, no managed-keys record) as its own.
     written_as_owner = (api.ANN_MANAGED_KEYS not in annotations_of(secret)
-                        and _has_our_controller_ref(secret.get("metadata") or {}, uid=owner.uid))
+                        and has_controller_ref(secret, uid=owner.uid))
     if policy == "Owner" or written_as_owner:
         return summary.keys_of(secret)
     return sorted(stamps.applied(secret, api.ANN_MANAGED_KEYS, name=owner.name, uid=owner.uid))
@@ -139,11 +116,8 @@ def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str, owner: O
 def is_consistent(
     secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec, version: int | None,
 ) -> bool:
-    """True when the target still holds exactly what we wrote for this spec at ``version``.
-
-    Only then is a conditional request safe: a 304 would otherwise confirm data that is
-    not there (deleted target, hand edits, a target written for another environment).
-    """
+    """The target holds exactly what we wrote for this spec at ``version``: only then is
+    a conditional request safe (a 304 would confirm data that is not there)."""
     return (holds_data(secret, owner=owner, spec=spec, version=version)
             and holds_stamps(secret, owner=owner, spec=spec))
 
@@ -152,7 +126,7 @@ def holds_data(
     secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec, version: int | None,
 ) -> bool:
     """The target's data is what we wrote for this spec's source at ``version``, whatever
-    became of its labels and annotations: rewriting it from that answer changes no value."""
+    became of its labels and annotations."""
     if secret is None or version is None:
         return False
     return (annotations_of(secret).get(api.ANN_CONFIG_VERSION) == str(version)
@@ -160,8 +134,7 @@ def holds_data(
 
 
 def holds_own_data(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
-    """The target's data is what we wrote for this spec's source at the version its
-    annotation names (its ``himitsu.io/data-hash`` is its data's), whichever that is."""
+    """The target's data is what we wrote for this spec's source, at whichever version."""
     if secret is None:
         return False
     ann = annotations_of(secret)
@@ -178,17 +151,14 @@ def holds_own_data(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.
 
 
 def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
-    """Every label, annotation and reference we stamp is still there: a pruned one (a
-    GitOps tool's doing) is put back by the full sync a mismatch asks for, and a removed
-    controller reference would leave the Secret to outlive its owner."""
+    """Stamping and templating the target again would change nothing: a pruned stamp, a
+    template key added or removed, a lost controller reference are a full sync's to repair."""
     if secret is None:
         return False
     meta = secret.get("metadata") or {}
-    # Stamping and templating it again would change nothing (a template key removed
-    # since is still there, one added is missing: both a full sync's to repair).
     want_labels, want_ann = stamps.metadata(secret, name=owner.name, uid=owner.uid, spec=spec)
     return (
-        dict(labels(secret)) == want_labels
+        dict(labels_of(secret)) == want_labels
         and dict(annotations_of(secret)) == want_ann
         and bool(annotations_of(secret).get(api.ANN_DATA_ID))
         and (spec.target.creation_policy != "Owner"
@@ -207,9 +177,8 @@ def desired_secret(
     existing: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec,
     rendered: Mapping[str, str], version: int, data_id: str,
 ) -> dict[str, Any]:
-    """The full Secret we want, built on top of ``existing`` so foreign metadata survives
-    (a whole Secret: a summary has no values to keep); ``data_id``: the id of ``rendered``
-    (``sync.restarts.rule.data_id``)."""
+    """The full Secret we want, built on the whole ``existing`` so foreign metadata
+    survives; ``data_id``: the id of ``rendered`` (``sync.restarts.rule.data_id``)."""
     if summary.is_summary(existing):
         raise ValueError("a cached Secret summary is no base for a write")
     policy = spec.target.creation_policy
@@ -221,12 +190,14 @@ def desired_secret(
     meta = body.setdefault("metadata", {})
     if policy == "Owner":
         data = dict(rendered)
-        _set_controller_ref(meta, owner)
+        meta["ownerReferences"] = [
+            *(r for r in meta.get("ownerReferences") or [] if not r.get("controller")),
+            _owner_ref(owner)]
     else:
         data = _merged_data(existing, owner=owner, rendered=rendered)
         # Merge sets no controller reference (the Secret outlives the HimitsuSecret);
         # drop the one an earlier Owner policy set, or garbage collection would take it.
-        refs = [r for r in meta.get("ownerReferences") or [] if not _is_our_controller_ref(r)]
+        refs = [r for r in meta.get("ownerReferences") or [] if not stamps.is_controller_ref(r)]
         if refs:
             meta["ownerReferences"] = refs
         else:
@@ -261,19 +232,12 @@ def _merged_data(
     collisions = sorted((set(rendered) & set(foreign)) - predecessor)
     if collisions:
         name = ((existing or {}).get("metadata") or {}).get("name", "")
-        # One key, not a list or a count: the message is readable by whoever may create
-        # a HimitsuSecret, who may not read this Secret (a probe for its key names).
+        # One key, not a list or a count: the reader may not read this Secret.
         raise TargetConflict(
             f"Himitsu key {collisions[0]!r} would overwrite a key of Secret {name!r} that "
             "himitsu-operator did not write; rename it in Himitsu or remove it from the Secret"
         )
     return {**foreign, **rendered}
-
-
-def _set_controller_ref(meta: dict[str, Any], owner: Owner) -> None:
-    refs = [r for r in meta.get("ownerReferences") or [] if not r.get("controller")]
-    refs.append(_owner_ref(owner))
-    meta["ownerReferences"] = refs
 
 
 def same_content(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

@@ -1,10 +1,8 @@
 """What the apiserver would refuse in a target Secret, checked before anything is written.
 
-* The type's required keys (``ValidateSecret``) and the size limits (1 MiB of data, 256
-  KiB of annotations): ``InvalidSpec`` naming the key or the sizes, never a value, while
-  the target is still untouched.
-* A ``kubernetes.io/service-account-token`` Secret is never created.
-* Where Python cannot judge as Go does, the apiserver decides.
+The type's required keys and the size limits (InvalidSpec naming keys or sizes, never a
+value); no service-account-token Secret is created; where Python cannot judge as Go does,
+the apiserver decides.
 
 Design: docs/design/targets.md
 """
@@ -18,7 +16,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from himitsu_controller import api
-from himitsu_controller.sync.target.render import MAX_SECRET_BYTES
+from himitsu_controller.sync.target.render import MAX_SECRET_BYTES, quote
 
 __all__ = ["MAX_ANNOTATION_BYTES", "Unwritable", "check"]
 
@@ -45,12 +43,8 @@ class Unwritable(ValueError):
 
 
 def check(secret: Mapping[str, Any], *, ours: Collection[str], creating: bool) -> None:
-    """Raise Unwritable when the apiserver would refuse ``secret`` (a full Secret body).
-
-    ``ours`` are the data keys rendered from Himitsu (the rest of a Merge target's keys
-    are someone else's), for the size message; ``creating``: the write creates the
-    Secret (a first create, a replacement), not an update of one that exists.
-    """
+    """Raise Unwritable when the apiserver would refuse ``secret``; ``ours``: the keys
+    from Himitsu (for messages); ``creating``: a create or a replacement, not an update."""
     _check_type(secret, ours=ours, creating=creating)
     _check_sizes(secret, ours=ours)
 
@@ -91,9 +85,7 @@ _HINT = ("name the Himitsu keys so the template renders these data keys (KeyValu
 
 
 def _check_sizes(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
-    """The sizes shown are of what we write only: a Merge target's other keys and
-    annotations may not be readable by whoever reads the message (their sizes would be a
-    length oracle for, say, a token merged into)."""
+    """Sizes shown are of what we write only (another's would be a length oracle)."""
     data: Mapping[str, str] = secret.get("data") or {}
     sizes = {k: _decoded_size(v) for k, v in data.items()}
     name = _name(secret)
@@ -122,19 +114,14 @@ def _check_sizes(secret: Mapping[str, Any], *, ours: Collection[str]) -> None:
 
 
 def _held(data: Mapping[str, str], ours: Collection[str]) -> str:
-    """The keys from Himitsu, by name; a Merge target's others only as "others": the
-    message is read by whoever may create a HimitsuSecret, who may not read the Secret."""
+    """The keys from Himitsu, by name; a Merge target's others only as "others"."""
     ordered = sorted(k for k in data if k in ours)
     others = " and keys himitsu-operator does not manage" if len(ordered) < len(data) else ""
     if not ordered:
         return f"it would hold no keys from Himitsu{others}"
-    shown = ", ".join(_short(k) for k in ordered[:_NAMED])
+    shown = ", ".join(quote(k) for k in ordered[:_NAMED])
     more = f" and {len(ordered) - _NAMED} more" if len(ordered) > _NAMED else ""
     return f"it would hold {shown}{more} from Himitsu{others}"
-
-
-def _short(key: str) -> str:
-    return repr(key[:64]) + ("..." if len(key) > 64 else "")
 
 
 def _name(secret: Mapping[str, Any]) -> str:
@@ -149,8 +136,7 @@ def _decoded_size(value: str) -> int:
 
 
 def _json_object(value: str) -> bool:
-    """False only when Go's ``json.Unmarshal`` into a map surely fails (it takes an
-    object or null); True when it succeeds or Python cannot tell."""
+    """False only when Go's ``json.Unmarshal`` into a map surely fails."""
     try:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):

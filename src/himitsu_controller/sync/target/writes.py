@@ -1,11 +1,8 @@
 """Writing the target: create, update, or replace it, and never lose a working Secret.
 
-* A type change (immutable in Kubernetes) replaces an Owner target only once proven:
-  locally (``validity``) and by a dry-run create; the old Secret comes back if the real
-  create is refused. Labels, annotations, owners and ``immutable`` carry over.
-* A target being deleted is never written; a refusal never quotes a value (``scrub``).
-* A write is built on the whole Secret read at that moment; another resourceVersion
-  than the summary's writes nothing and retries.
+* A type change replaces an Owner target only once proven (``validity``, a dry-run
+  create); the old Secret comes back if the real create is refused.
+* A write is built on the whole Secret read at that moment; a refusal quotes no value.
 
 Design: docs/design/targets.md
 """
@@ -31,8 +28,7 @@ class Refused(Exception):
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
-        self.reason = reason
-        self.message = message
+        self.reason, self.message = reason, message
 
 
 class Raced(Exception):
@@ -42,8 +38,7 @@ class Raced(Exception):
 
     def __init__(self, *, creating: bool, seen: str | None = None) -> None:
         super().__init__()
-        self.creating = creating
-        self.seen = seen
+        self.creating, self.seen = creating, seen
 
 
 @dataclass(frozen=True)
@@ -51,21 +46,14 @@ class Written:
     secret: Mapping[str, Any]  # the target as it now is (unchanged: as it was)
     wrote: bool
     data_changed: bool
-    created: bool = False  # there was no target: this write created it
-    retyped_only: bool = False  # a replacement that kept the data (only the type changed)
 
 
 def write(
     kube: Kube, *, owner: targets.Owner, spec: api.Spec, target: dict[str, Any] | None,
     rendered: dict[str, str], version: int, data_id: str,
 ) -> Written:
-    """Bring ``target`` (None: there is none) to what ``spec`` and ``rendered`` (whose
-    data id is ``data_id``) ask for.
-
-    Raises Refused (nothing was written), Raced, or KubeError (a write was refused; for
-    a replacement, only ever the create after the delete, which the dry run vouched for).
-    No value of the Secret is in any of their messages (``scrub``).
-    """
+    """Bring ``target`` (None: there is none) to what ``spec`` and ``rendered`` ask for.
+    Raises Refused (nothing written), Raced, or KubeError, none quoting a value."""
     if summary.is_summary(target):
         target = _whole(kube, owner.namespace, spec.target.name, target)
     if target is not None and (target.get("metadata") or {}).get("deletionTimestamp"):
@@ -98,7 +86,7 @@ def write(
             elif target is None:
                 written = kube.create_secret(ns, desired)
                 metrics.count_write("create")
-                return Written(secret=written, wrote=True, data_changed=True, created=True)
+                return Written(secret=written, wrote=True, data_changed=True)
             elif targets.same_content(target, desired):
                 return Written(secret=target, wrote=False, data_changed=False)
             else:
@@ -109,9 +97,7 @@ def write(
                 return Written(secret=written, wrote=True, data_changed=changed)
     except Conflict:
         raise Raced(creating=target is None or replacing) from None
-    assert target is not None
-    return Written(secret=written, wrote=True, data_changed=True,
-                   retyped_only=(target.get("data") or {}) == desired["data"])
+    return Written(secret=written, wrote=True, data_changed=True)
 
 
 def _whole(kube: Kube, ns: str, name: str, cached: Mapping[str, Any],
@@ -132,9 +118,7 @@ def _terminating(target: Mapping[str, Any]) -> str:
 
 
 def _carried_over(target: Mapping[str, Any], spec: api.Spec) -> dict[str, Any]:
-    """What a replacement keeps of the Secret it replaces: its labels and annotations
-    (ours are stamped again over them), its other owners' references and ``immutable``;
-    not its data, nor its type, nor anything the apiserver set."""
+    """What a replacement keeps: labels, annotations, other owners and ``immutable``."""
     meta = target.get("metadata") or {}
     kept: dict[str, Any] = {k: copy.deepcopy(meta[k]) for k in ("labels", "annotations")
                             if meta.get(k)}
@@ -178,8 +162,7 @@ def _replace(
 
 
 def _restore(kube: Kube, ns: str, target: Mapping[str, Any]) -> str:
-    """The dry run vouched for a create the apiserver then refused: put the old Secret
-    back as it was, so the refusal costs the application nothing."""
+    """The dry run vouched for a create the apiserver then refused: the old one comes back."""
     meta = {k: v for k, v in (target.get("metadata") or {}).items()
             if k not in ("deletionTimestamp", "deletionGracePeriodSeconds", "finalizers")}
     try:
