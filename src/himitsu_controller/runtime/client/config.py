@@ -1,12 +1,10 @@
 """Where the apiserver is and who we are to it: the in-cluster account, or a kubeconfig.
 
 * Sources in kubectl's order: ``--kubeconfig``, ``$KUBECONFIG``, in-cluster, ``~/.kube/config``.
-* In a pod (the deployed path, ours and minimal): ``https://$KUBERNETES_SERVICE_HOST:PORT``,
-  the ServiceAccount's CA and its token file re-read (``credentials.TokenFile``).
-  Nothing else is imported, so the image need not carry the ``kubernetes`` package.
-* Elsewhere: the ``kubernetes`` package's kubeconfig loader (the ``kubeconfig`` extra),
-  imported only then. Exec plugins, auth providers, client certificates and proxies are
-  its job; our transport asks its Configuration for the current Authorization header.
+* In a pod (the deployed path, ours and minimal): the service's address, the
+  ServiceAccount's CA and its token file re-read; the ``kubernetes`` package is not imported.
+* Elsewhere: that package's kubeconfig loader, imported only then (exec plugins, auth
+  providers, client certificates and proxies are its job).
 * Every failure is a ``ConfigError``: one line naming the source, never a credential.
 """
 
@@ -22,7 +20,6 @@ from himitsu_controller.runtime.client.httpclient import ClientConfig, ConfigErr
 
 __all__ = ["ConfigError", "load_api_client", "load_client_config", "new_api_client"]
 
-# Module attributes so tests can point them at temporary files.
 SERVICE_ACCOUNT_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
 SERVICE_ACCOUNT_CA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 IN_CLUSTER = "in-cluster service account"
@@ -32,11 +29,7 @@ NO_KUBERNETES = ("out-of-cluster configuration needs the kubernetes package: "
 
 def load_api_client(kubeconfig: str | None = None, *, pool_maxsize: int = 32,
                     retries: int = 3) -> HttpClient:
-    """A client for the configured apiserver (see ``load_client_config``).
-
-    ``pool_maxsize`` bounds the kept-alive connections: every open watch holds one for
-    its life, so size it to watches + workers + a few. ``retries``: see ``new_retry``.
-    """
+    """A client for the configured apiserver (see ``load_client_config``)."""
     return new_api_client(load_client_config(kubeconfig), pool_maxsize=pool_maxsize,
                           retries=retries)
 
@@ -98,9 +91,7 @@ def in_cluster_config() -> ClientConfig:
 
 
 class ConfigurationCredentials:
-    """The Authorization header of a ``kubernetes`` Configuration, as its loader keeps it:
-    its refresh hook (run by ``get_api_key_with_prefix``) reloads a credential that has
-    an expiry (an exec plugin's, an auth provider's) once it is near."""
+    """A ``kubernetes`` Configuration's Authorization header (its loader refreshes it)."""
 
     def __init__(self, configuration: Any) -> None:
         self._configuration = configuration

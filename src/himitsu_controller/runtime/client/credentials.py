@@ -1,11 +1,9 @@
 """What a request to the apiserver carries, kept current as credentials rotate.
 
-* ``Credentials.current()`` is asked once per transport refresh (about a second), never
-  per request; ``refused()`` hears of a 401.
-* ``TokenFile``: the in-cluster ServiceAccount token, re-read once a minute as client-go
-  does (bound tokens rotate) and at once after a 401.
-* Shared by every client of one configuration, so thread-safe. Never a token in a log
-  line or an exception.
+* ``Credentials.current()`` is asked once per transport refresh (about a second);
+  ``refused()`` hears of a 401. Shared by every client of one configuration: thread-safe.
+* ``TokenFile``: the in-cluster token, re-read once a minute as client-go does and at
+  once after a 401. Never a token in a log line or an exception.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ __all__ = ["NO_CREDENTIALS", "Auth", "CredentialError", "Credentials", "StaticCr
 
 log = structlog.get_logger(__name__)
 
-# client-go re-reads a token file once a minute (transport.NewCachedFileTokenSource).
-TOKEN_FILE_PERIOD = 60.0
+TOKEN_FILE_PERIOD = 60.0  # client-go's transport.NewCachedFileTokenSource
 
 
 class CredentialError(TransportError):
@@ -50,14 +47,14 @@ class Credentials(Protocol):
         ...
 
 
+@dataclass(frozen=True)
 class StaticCredentials:
     """The same credentials for good (a bearer token, or none)."""
 
-    def __init__(self, auth: Auth) -> None:
-        self._auth = auth
+    auth: Auth
 
     def current(self) -> Auth:
-        return self._auth
+        return self.auth
 
     def refused(self, auth: Auth) -> None:
         pass
@@ -70,24 +67,24 @@ def bearer(token: str) -> StaticCredentials:
     return StaticCredentials(Auth(f"Bearer {token}"))
 
 
-def read_token(path: str) -> str:
-    """The token in ``path`` (surrounding whitespace stripped); OSError or ValueError
-    (naming the path only) if there is none or it holds a control character."""
+def read_token(path: str) -> Auth:
+    """The bearer token in ``path``; OSError or ValueError (naming the path only) if there
+    is none or it holds a control character."""
     with open(path, encoding="utf-8") as file:
         token = file.read().strip()
     if not token:
         raise ValueError(f"token file {path} is empty")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
         raise ValueError(f"token file {path} contains a control character")
-    return token
+    return Auth(f"Bearer {token}")
 
 
 class TokenFile:
     """A bearer token read from a file, re-read every ``period`` seconds and after a 401.
 
     The first read happens here (OSError/ValueError: the configuration is unusable).
-    Later, a file that cannot be read keeps the last token in use (logged, path only),
-    as client-go does: a rotation in progress must not stop every request.
+    Later, a file that cannot be read keeps the last token (logged, path only), as
+    client-go does: a rotation in progress must not stop every request.
     """
 
     def __init__(self, path: str, *, period: float = TOKEN_FILE_PERIOD,
@@ -96,7 +93,7 @@ class TokenFile:
         self._period = period
         self._clock = clock
         self._lock = threading.Lock()
-        self._auth = Auth(f"Bearer {read_token(path)}")
+        self._auth = read_token(path)
         self._next_read = clock() + period
 
     def current(self) -> Auth:
@@ -105,7 +102,7 @@ class TokenFile:
             if now >= self._next_read:
                 self._next_read = now + self._period
                 try:
-                    self._auth = Auth(f"Bearer {read_token(self.path)}")
+                    self._auth = read_token(self.path)
                 except (OSError, ValueError, UnicodeDecodeError) as exc:
                     log.warning("cannot re-read the token file, keeping the last token",
                                 path=self.path, error=type(exc).__name__)

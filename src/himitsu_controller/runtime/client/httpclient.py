@@ -1,12 +1,9 @@
 """Connections to one apiserver: the client configuration, its TLS context, one urllib3 pool.
 
-* One ``HTTPSConnectionPool`` (``maxsize`` kept-alive connections: each open watch holds
-  one for its life) with one ``ssl.SSLContext``: the cluster's CA file or the system's,
-  the client certificate, SNI and the name check against tls-server-name when set.
-* Behind a proxy (out-of-cluster, as the kubeconfig loader resolved it) a ``ProxyManager``
-  with the same TLS settings; SOCKS proxies are refused.
-* The Retry policy (``new_retry``). Why not the ``kubernetes`` package's ApiClient: its
-  import alone costs ~16 MiB resident, a third of the operator's floor.
+* One pool (each open watch holds a connection for its life) with one ``ssl.SSLContext``:
+  the cluster's CA or the system's, the client certificate, tls-server-name when set.
+* Behind a proxy (out-of-cluster) a ``ProxyManager`` with the same TLS settings.
+* Why not the ``kubernetes`` package's ApiClient: its import alone costs ~16 MiB.
 """
 
 from __future__ import annotations
@@ -47,11 +44,8 @@ class ClientConfig:
 
 
 def new_retry(retries: int) -> urllib3.Retry:
-    """No HTTP-status retries and no redirects: ``RestClient`` handles 429/Retry-After
-    under its rate limiter, and a 3xx comes back as an answer. Failures without a status
-    (connection failures, read failures of GET/PUT/DELETE) are retried ``retries`` times:
-    0 for a client that must keep to a deadline, such as the leader elector's (each retry
-    would get the whole timeout again)."""
+    """Failures without a status retried ``retries`` times (0 to keep to a deadline); no
+    status retries (``RestClient`` handles 429) and no redirects (a 3xx is an answer)."""
     return urllib3.Retry(total=retries, redirect=0, status=0, respect_retry_after_header=False,
                          raise_on_redirect=False, raise_on_status=False)
 
@@ -59,8 +53,7 @@ def new_retry(retries: int) -> urllib3.Retry:
 class HttpClient:
     """The connection pool (or proxy manager) for one apiserver; thread-safe.
 
-    ``ConfigError`` here when the TLS material cannot be used (unreadable CA, a key that
-    does not match its certificate, an unsupported proxy).
+    ``ConfigError`` when the TLS material or the proxy cannot be used.
     """
 
     def __init__(self, config: ClientConfig, *, pool_maxsize: int = 32,
@@ -91,8 +84,7 @@ class HttpClient:
         return self.config.credentials
 
     def connection(self) -> tuple[urllib3.HTTPConnectionPool | None, urllib3.PoolManager | None]:
-        """The pool for the apiserver, or (None, the ProxyManager) behind a proxy. A
-        closed pool (``close()``) is replaced by a new one."""
+        """The pool, or (None, the ProxyManager) behind a proxy; a closed pool is replaced."""
         with self._lock:
             if self._proxy_url is not None:
                 if self._manager is None:
@@ -109,14 +101,11 @@ class HttpClient:
     def close(self) -> None:
         """Close the idle connections (requests made later open new ones)."""
         with self._lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-        if self._manager is not None:
-            self._manager.clear()
-        self._pool = self._manager = None
+            if self._pool is not None:
+                self._pool.close()
+            if self._manager is not None:
+                self._manager.clear()
+            self._pool = self._manager = None
 
     def _pool_kw(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"maxsize": self.pool_maxsize, "retries": self.retries}
