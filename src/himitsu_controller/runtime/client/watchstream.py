@@ -24,21 +24,13 @@ __all__ = ["WatchDecodeError", "WatchStream"]
 
 
 class WatchDecodeError(Exception):
-    """The stream is intact but sent something that is not a watch event.
-
-    Apart from TransportError because client-go answers the two differently: a broken
-    connection is resumed from the last resourceVersion, garbage means a relist.
-    """
+    """The stream is intact but sent something that is not a watch event (client-go
+    relists then, while a broken connection, a TransportError, is resumed)."""
 
 
 class WatchStream:
-    """The events of one watch request, decoded line by line.
-
-    Iterating yields event dicts (``type``, ``object``) until the server ends the stream
-    (StopIteration), the connection breaks (TransportError) or a line is no event
-    (WatchDecodeError). ``close()`` may be called
-    from any thread and ends the iteration promptly and quietly.
-    """
+    """Event dicts (``type``, ``object``) until the server ends the stream (StopIteration),
+    the connection breaks (TransportError) or a line is no event (WatchDecodeError)."""
 
     def __init__(self, response: urllib3.HTTPResponse) -> None:
         self._response = response
@@ -75,7 +67,7 @@ class WatchStream:
         return self._closed.is_set()
 
     def close(self) -> None:
-        """Abort the stream; safe from another thread while one is blocked reading."""
+        """Abort the stream, promptly and quietly, even from another thread."""
         if self._closed.is_set():
             return
         self._closed.set()
