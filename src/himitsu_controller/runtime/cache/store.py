@@ -1,13 +1,9 @@
 """A thread-safe, indexed cache of Kubernetes objects (raw dicts) keyed "namespace/name".
 
-Why a separate module: the informer writes it, while reconcilers, event mappers and
-probes only read it; keeping the read API (``get``/``list``/``keys``/``by_index``) apart
-from the reflector's write path makes that split visible. Mirrors client-go's
-``cache.Indexer``: an index function maps an object to the values it is filed under,
-and ``by_index`` answers "which objects have this value" without scanning the cache.
-
-Objects are stored and returned as the very dicts decoded from the apiserver: callers
-must treat them as read-only (deep-copy before changing), as with client-go's cache.
+* client-go's ``cache.Indexer``: an index function maps an object to the values it is
+  filed under; ``by_index`` finds them without a scan.
+* The informer writes it; everyone else reads. Objects are the very dicts decoded from
+  the apiserver: read-only for callers (deep-copy before changing), as with client-go.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ def object_key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     name = str(metadata.get("name", ""))
     namespace = metadata.get("namespace")
-    # Interned: the store, the work queue and a reconciler's memories then share one
-    # string per object instead of one per event.
+    # Interned: the store, the work queue and memories share one string per object.
     return sys.intern(f"{namespace}/{name}") if namespace else sys.intern(name)
 
 
@@ -60,10 +55,6 @@ class Store:
     def keys(self) -> builtins.list[str]:
         with self._lock:
             return builtins.list(self._items)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
 
     def by_index(self, index: str, value: str) -> builtins.list[Object]:
         """Objects filed under ``value`` by the indexer ``index`` (KeyError if unknown)."""
@@ -92,7 +83,8 @@ class Store:
             if old is not None:
                 self._unfile(key, old)
             self._items[key] = obj
-            self._file_all(key, obj)
+            for name in self._indexers:
+                self._file(name, key, obj)
             return old
 
     def delete(self, key: str) -> Object | None:
@@ -104,10 +96,8 @@ class Store:
 
     def replace(self, items: Mapping[str, Object],
                 ) -> tuple[builtins.list[tuple[Object | None, Object]], builtins.list[Object]]:
-        """Swap in a fresh listing; return ((old or None, new) in listing order, deleted).
-
-        An object whose resourceVersion did not change is neither reported nor replaced.
-        """
+        """Swap in a fresh listing: ((old or None, new) in listing order, deleted), leaving
+        out (and in place) an object whose resourceVersion did not change."""
         changed: builtins.list[tuple[Object | None, Object]] = []
         with self._lock:
             for key, obj in items.items():
@@ -119,10 +109,6 @@ class Store:
             vanished = [key for key in self._items if key not in items]
             deleted = [obj for obj in (self.delete(key) for key in vanished) if obj is not None]
         return changed, deleted
-
-    def _file_all(self, key: str, obj: Object) -> None:
-        for name in self._indexers:
-            self._file(name, key, obj)
 
     def _file(self, name: str, key: str, obj: Object) -> None:
         for value in self._index_values(name, obj):
@@ -141,9 +127,7 @@ class Store:
     def _index_values(self, name: str, obj: Object) -> Iterable[str]:
         try:
             return builtins.list(self._indexers[name](obj))
-        except Exception:
-            # A buggy index function must not take the informer down; the object is
-            # simply not filed under that index.
+        except Exception:  # a buggy index function must not take the informer down
             log.exception("index function failed", index=name, key=object_key(obj))
             return ()
 

@@ -55,15 +55,13 @@ def intern_strings(value: Any, values: Collection[str] = ()) -> Any:
 
 def apply(transform: Transform | None, obj: Object, *, informer: str,
           shared: Collection[str] = ()) -> Object | None:
-    """``obj`` as the store keeps it (its strings interned: ``shared`` names the fields
-    whose values are); None when ``transform`` fails (logged): an object the transform
-    could not reduce is not kept at all rather than kept whole, since a transform may
-    exist to keep data (a Secret's values) out of memory."""
+    """``obj`` as the store keeps it (the values of the fields ``shared`` names interned);
+    None when ``transform`` fails (logged): not kept whole, as a transform may exist to
+    keep data (a Secret's values) out of memory."""
     obj = drop_managed_fields(obj)
-    if transform is None:
-        return intern_strings(obj, shared)  # type: ignore[no-any-return]
     try:
-        return intern_strings(transform(obj), shared)  # type: ignore[no-any-return]
+        kept = obj if transform is None else transform(obj)
+        return intern_strings(kept, shared)  # type: ignore[no-any-return]
     except Exception:
         found = obj.get("metadata")
         meta: dict[str, Any] = found if isinstance(found, dict) else {}
