@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -118,10 +118,6 @@ def micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class LeaderElector:
     """Campaigns for one Lease and runs callbacks when leadership starts and stops."""
 
@@ -130,7 +126,7 @@ class LeaderElector:
                  on_stopped_leading: Callable[[], None],
                  gate: WriteGate | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], datetime] = _utc_now,
+                 wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  rng: Callable[[], float] = random.random,
                  wait: Callable[[threading.Event, float], bool] | None = None) -> None:
         """``gate`` (on the same clock) is opened while this replica may write;
@@ -203,8 +199,8 @@ class LeaderElector:
         # Fast path: a leader with a still-valid lease updates its last known Lease
         # directly, one request instead of two. Any failure falls back to reading it.
         if observed is not None and self._holds(observed) and self._lease_valid():
-            renewal = _Record(desired.holder, desired.duration, observed.acquire_time, stamp,
-                              observed.transitions)
+            renewal = replace(desired, acquire_time=observed.acquire_time,
+                              transitions=observed.transitions)
             if self._write(renewal, deadline=deadline, quiet=True):
                 return True
         found, spec = self._read(deadline=deadline)
@@ -213,14 +209,13 @@ class LeaderElector:
         if spec is None:
             return False
         observed = self._observe(spec)
-        if observed.holder and not self._holds(observed) and self._lease_valid():
-            return False  # someone else holds a lease that has not expired for us
         if self._holds(observed):
-            desired = _Record(desired.holder, desired.duration, observed.acquire_time, stamp,
-                              observed.transitions)
+            desired = replace(desired, acquire_time=observed.acquire_time,
+                              transitions=observed.transitions)
+        elif observed.holder and self._lease_valid():
+            return False  # someone else holds a lease that has not expired for us
         else:
-            desired = _Record(desired.holder, desired.duration, stamp, stamp,
-                              observed.transitions + 1)
+            desired = replace(desired, transitions=observed.transitions + 1)
         return self._write(desired, deadline=deadline)
 
     # The loops.
@@ -292,14 +287,11 @@ class LeaderElector:
         try:
             lease = self._rest.get(LEASES, self.config.name, namespace=self.config.namespace,
                                    timeout=timeout)
-        except ApiError as exc:
-            if exc.status == 404:
-                return False, None
-            log.warning("cannot read the lease", lease=self._lease_name(), error=str(exc))
-            return True, None
         except Exception as exc:
+            if isinstance(exc, ApiError) and exc.status == 404:
+                return False, None
             log.warning("cannot read the lease", lease=self._lease_name(),
-                        error=describe_exception(exc))
+                        error=str(exc) if isinstance(exc, ApiError) else describe_exception(exc))
             return True, None
         self._lease = lease
         spec = lease.get("spec")
@@ -309,36 +301,33 @@ class LeaderElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.config.name, "namespace": self.config.namespace},
                 "spec": desired.to_spec()}
+        # A 409 AlreadyExists: another candidate was first.
+        return self._store(self._rest.create, body, desired, deadline=deadline,
+                           report=log.info, verb="create")
+
+    def _write(self, record: _Record, *, deadline: float, quiet: bool = False) -> bool:
+        if self._lease is None:
+            return False
+        body = copy.deepcopy(self._lease)
+        body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
+        # A 409 Conflict: the Lease changed since we read it.
+        return self._store(self._rest.update, body, record, deadline=deadline,
+                           report=log.debug if quiet else log.info, verb="update")
+
+    def _store(self, call: Callable[..., dict[str, Any]], body: dict[str, Any],
+               record: _Record, *, deadline: float, report: Callable[..., Any],
+               verb: str) -> bool:
         timeout = self._left(deadline)
         if timeout is None:
             return False
         sent = self._clock()
         try:
-            created = self._rest.create(LEASES, body, namespace=self.config.namespace,
-                                        timeout=timeout)
-        except Exception as exc:  # 409 AlreadyExists: another candidate was first
-            log.info("cannot create the lease", lease=self._lease_name(),
-                     error=describe_exception(exc))
+            stored = call(LEASES, body, namespace=self.config.namespace, timeout=timeout)
+        except Exception as exc:
+            report(f"cannot {verb} the lease", lease=self._lease_name(),
+                   error=describe_exception(exc))
             return False
-        self._accept(created, desired, sent)
-        return True
-
-    def _write(self, record: _Record, *, deadline: float, quiet: bool = False) -> bool:
-        timeout = self._left(deadline)
-        if self._lease is None or timeout is None:
-            return False
-        body = copy.deepcopy(self._lease)
-        body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
-        sent = self._clock()
-        try:
-            updated = self._rest.update(LEASES, body, namespace=self.config.namespace,
-                                        timeout=timeout)
-        except Exception as exc:  # 409 Conflict: the Lease changed since we read it
-            (log.debug if quiet else log.info)(
-                "cannot update the lease", lease=self._lease_name(),
-                error=describe_exception(exc))
-            return False
-        self._accept(updated, record, sent)
+        self._accept(stored, record, sent)
         return True
 
     def _accept(self, lease: dict[str, Any], record: _Record, sent: float) -> None:
