@@ -2,7 +2,8 @@
 
 * Sources in kubectl's order: ``--kubeconfig``, ``$KUBECONFIG``, in-cluster, ``~/.kube/config``.
 * In a pod (the deployed path, ours and minimal): the service's address, the
-  ServiceAccount's CA and its token file re-read; the ``kubernetes`` package is not imported.
+  ServiceAccount's CA and its token file, re-read once a minute as client-go does and at
+  once after a 401; the ``kubernetes`` package is not imported.
 * Elsewhere: that package's kubeconfig loader, imported only then (exec plugins, auth
   providers, client certificates and proxies are its job).
 * Every failure is a ``ConfigError``: one line naming the source, never a credential.
@@ -12,36 +13,133 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from himitsu_controller.runtime.client.credentials import Auth, CredentialError, TokenFile
-from himitsu_controller.runtime.client.errors import describe_exception
-from himitsu_controller.runtime.client.httpclient import ClientConfig, ConfigError, HttpClient
+import structlog
 
-__all__ = ["ConfigError", "load_api_client", "load_client_config", "new_api_client"]
+from himitsu_controller.runtime.client.errors import TransportError, describe_exception
+
+__all__ = ["NO_CREDENTIALS", "Auth", "ClientConfig", "ConfigError", "CredentialError",
+           "Credentials", "StaticCredentials", "TokenFile", "bearer", "load_client_config"]
+
+log = structlog.get_logger(__name__)
 
 SERVICE_ACCOUNT_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
 SERVICE_ACCOUNT_CA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 IN_CLUSTER = "in-cluster service account"
 NO_KUBERNETES = ("out-of-cluster configuration needs the kubernetes package: "
                  "pip install 'himitsu-controller[kubeconfig]'")
+TOKEN_FILE_PERIOD = 60.0  # client-go's transport.NewCachedFileTokenSource
 
 
-def load_api_client(kubeconfig: str | None = None, *, pool_maxsize: int = 32,
-                    retries: int = 3) -> HttpClient:
-    """A client for the configured apiserver (see ``load_client_config``)."""
-    return new_api_client(load_client_config(kubeconfig), pool_maxsize=pool_maxsize,
-                          retries=retries)
+class CredentialError(TransportError):
+    """The credentials could not be had just now: the request is not sent."""
 
 
-def new_api_client(config: ClientConfig, *, pool_maxsize: int = 32,
-                   retries: int = 3) -> HttpClient:
-    """A client on ``config``; ConfigError (naming the source) if its TLS material is bad."""
-    try:
-        return HttpClient(config, pool_maxsize=pool_maxsize, retries=retries)
-    except ConfigError as exc:
-        raise ConfigError(f"cannot load Kubernetes configuration from "
-                          f"{config.source or config.host}: {exc}") from None
+@dataclass(frozen=True)
+class Auth:
+    """What a request carries: an Authorization header value."""
+
+    authorization: str | None = field(default=None, repr=False)
+
+
+class Credentials(Protocol):
+    def current(self) -> Auth:
+        """The credentials to use now (CredentialError if there are none to be had)."""
+        ...
+
+    def refused(self, auth: Auth) -> None:
+        """The apiserver answered 401 to a request that carried ``auth``."""
+        ...
+
+
+@dataclass(frozen=True)
+class StaticCredentials:
+    """The same credentials for good (a bearer token, or none)."""
+
+    auth: Auth
+
+    def current(self) -> Auth:
+        return self.auth
+
+    def refused(self, auth: Auth) -> None:
+        pass
+
+
+NO_CREDENTIALS = StaticCredentials(Auth())
+
+
+def bearer(token: str) -> StaticCredentials:
+    return StaticCredentials(Auth(f"Bearer {token}"))
+
+
+def read_token(path: str) -> Auth:
+    """The bearer token in ``path``; OSError or ValueError (naming the path only) if there
+    is none or it holds a control character."""
+    with open(path, encoding="utf-8") as file:
+        token = file.read().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
+        raise ValueError(f"token file {path} contains a control character")
+    return Auth(f"Bearer {token}")
+
+
+class TokenFile:
+    """A bearer token read from a file, re-read every ``period`` seconds and after a 401.
+
+    The first read happens here (OSError/ValueError: the configuration is unusable).
+    Later, a file that cannot be read keeps the last token (logged, path only), as
+    client-go does: a rotation in progress must not stop every request.
+    """
+
+    def __init__(self, path: str, *, period: float = TOKEN_FILE_PERIOD,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._period = period
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._auth = read_token(path)
+        self._next_read = clock() + period
+
+    def current(self) -> Auth:
+        with self._lock:
+            now = self._clock()
+            if now >= self._next_read:
+                self._next_read = now + self._period
+                try:
+                    self._auth = read_token(self.path)
+                except (OSError, ValueError, UnicodeDecodeError) as exc:
+                    log.warning("cannot re-read the token file, keeping the last token",
+                                path=self.path, error=type(exc).__name__)
+            return self._auth
+
+    def refused(self, auth: Auth) -> None:
+        with self._lock:
+            if auth == self._auth:  # not a token already replaced meanwhile
+                self._next_read = float("-inf")
+
+
+class ConfigError(Exception):
+    """No usable Kubernetes client configuration (one-line message, no credentials)."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where the apiserver is, how to trust it, who we are to it."""
+
+    host: str  # https://host:port, maybe with a path prefix (a proxying gateway's)
+    credentials: Credentials = NO_CREDENTIALS
+    ca_file: str | None = None
+    verify: bool = True  # False: insecure-skip-tls-verify
+    tls_server_name: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    proxy: str | None = field(default=None, repr=False)  # http(s)://[user:password@]host:port
+    source: str = ""  # where it was loaded from, for messages
 
 
 def load_client_config(kubeconfig: str | None = None) -> ClientConfig:

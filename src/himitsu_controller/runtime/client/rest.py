@@ -28,15 +28,20 @@ import structlog
 import urllib3
 
 from himitsu_controller.runtime.client.config import (
+    ClientConfig,
     ConfigError,
-    load_api_client,
+    bearer,
     load_client_config,
+)
+from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
+from himitsu_controller.runtime.client.transport import (
+    REFRESH_SECONDS,
+    HttpClient,
+    LeanTransport,
+    encode_body,
+    load_api_client,
     new_api_client,
 )
-from himitsu_controller.runtime.client.credentials import bearer
-from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
-from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
-from himitsu_controller.runtime.client.transport import REFRESH_SECONDS, LeanTransport, encode_body
 from himitsu_controller.runtime.client.watchstream import WatchStream
 from himitsu_controller.runtime.workqueue import BucketRateLimiter
 
