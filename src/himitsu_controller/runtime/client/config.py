@@ -47,13 +47,12 @@ class Auth:
 
 
 class Credentials(Protocol):
-    def current(self) -> Auth:
-        """The credentials to use now (CredentialError if there are none to be had)."""
-        ...
+    """``current()``: what to send now (or CredentialError); ``refused()``: a 401 to it.
+    Asked once per transport refresh (about a second), from many threads."""
 
-    def refused(self, auth: Auth) -> None:
-        """The apiserver answered 401 to a request that carried ``auth``."""
-        ...
+    def current(self) -> Auth: ...
+
+    def refused(self, auth: Auth) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -89,12 +88,9 @@ def read_token(path: str) -> Auth:
 
 
 class TokenFile:
-    """A bearer token read from a file, re-read every ``period`` seconds and after a 401.
-
-    The first read happens here (OSError/ValueError: the configuration is unusable).
-    Later, a file that cannot be read keeps the last token (logged, path only), as
-    client-go does: a rotation in progress must not stop every request.
-    """
+    """A bearer token file, re-read every ``period`` seconds and after a 401. A failed
+    first read raises (OSError/ValueError); a later one keeps the last token (logged,
+    path only), as client-go does: a rotation in progress must not stop every request."""
 
     def __init__(self, path: str, *, period: float = TOKEN_FILE_PERIOD,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -156,18 +152,13 @@ def load_client_config(kubeconfig: str | None = None) -> ClientConfig:
         if not any(os.path.exists(p) for p in env):
             raise ConfigError(f"KUBECONFIG={source[:200]}: none of its files exists")
         return _from_kubeconfig(source)
-    if in_cluster():
+    if (os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
+            and os.path.isfile(SERVICE_ACCOUNT_TOKEN_PATH)):
         return in_cluster_config()
     if os.path.isfile(default):
         return _from_kubeconfig(default)
     raise ConfigError("no Kubernetes configuration: pass --kubeconfig, set KUBECONFIG,"
                       " run in a pod, or create ~/.kube/config")
-
-
-def in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")
-                and os.environ.get("KUBERNETES_SERVICE_PORT")
-                and os.path.isfile(SERVICE_ACCOUNT_TOKEN_PATH))
 
 
 def in_cluster_config() -> ClientConfig:

@@ -45,25 +45,10 @@ from himitsu_controller.runtime.client.transport import (
 from himitsu_controller.runtime.client.watchstream import WatchStream
 from himitsu_controller.runtime.workqueue import BucketRateLimiter
 
-__all__ = [
-    "APPLY_PATCH",
-    "JSON_PATCH",
-    "MERGE_PATCH",
-    "ApiError",
-    "ClientConfig",
-    "ConfigError",
-    "HttpClient",
-    "Resource",
-    "RestClient",
-    "TokenBucket",
-    "TransportError",
-    "WatchStream",
-    "WriteRefused",
-    "bearer",
-    "load_api_client",
-    "load_client_config",
-    "new_api_client",
-]
+__all__ = ["APPLY_PATCH", "JSON_PATCH", "MERGE_PATCH", "ApiError", "ClientConfig", "ConfigError",
+           "HttpClient", "Resource", "RestClient", "TokenBucket", "TransportError",
+           "WatchStream", "WriteRefused", "bearer", "load_api_client", "load_client_config",
+           "new_api_client"]
 
 log = structlog.get_logger(__name__)
 
@@ -137,12 +122,8 @@ class TokenBucket(BucketRateLimiter):
 
 
 def _encode_query(query: Mapping[str, Any] | None) -> str:
-    pairs: list[tuple[str, str]] = []
-    for key, value in (query or {}).items():
-        if value is None:
-            continue
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        pairs.append((key, text))
+    pairs = [(key, ("true" if value else "false") if isinstance(value, bool) else str(value))
+             for key, value in (query or {}).items() if value is not None]
     return urlencode(pairs, quote_via=quote)
 
 

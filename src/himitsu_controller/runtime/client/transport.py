@@ -34,7 +34,6 @@ from himitsu_controller.runtime.client.config import (
     Auth,
     ClientConfig,
     ConfigError,
-    Credentials,
     load_client_config,
 )
 from himitsu_controller.runtime.client.errors import TransportError, describe_exception
@@ -111,7 +110,7 @@ class LeanTransport:
             self._route = dataclasses.replace(route, expires=float("-inf"))
 
     def _build(self, now: float) -> Route:
-        auth = self._client.credentials.current()  # may run a plugin; CredentialError
+        auth = self._client.config.credentials.current()  # may run a plugin; CredentialError
         headers = {"Accept": JSON, "User-Agent": self._user_agent,
                    "Authorization": auth.authorization}
         pool, manager = self._client.connection()
@@ -176,7 +175,7 @@ class LeanTransport:
             raise TransportError(f"{method} {path}: a request header is invalid (a control "
                                  "character in the credentials?)") from None
         if response.status == 401:  # the credentials may have rotated: re-read them now
-            self._client.credentials.refused(route.auth)
+            self._client.config.credentials.refused(route.auth)
             self.invalidate()
         return response
 
@@ -228,10 +227,6 @@ class HttpClient:
     @property
     def host(self) -> str:
         return self.config.host
-
-    @property
-    def credentials(self) -> Credentials:
-        return self.config.credentials
 
     def connection(self) -> tuple[urllib3.HTTPConnectionPool | None, urllib3.PoolManager | None]:
         """The pool, or (None, the ProxyManager) behind a proxy; a closed pool is replaced."""

@@ -154,10 +154,7 @@ class LeaderElector:
 
     def run(self, stop: threading.Event) -> bool:
         """Campaign, lead, and return: True on a requested stop, False if leadership was lost.
-
-        on_started_leading must return promptly (start threads, don't block): renewals
-        happen on this thread.
-        """
+        on_started_leading must return promptly: renewals happen on this thread."""
         self._set_leading(False)
         log.info("campaigning for leadership", lease=self._lease_name(),
                  identity=self.config.identity)
@@ -165,32 +162,31 @@ class LeaderElector:
             return True
         self._set_leading(True)
         log.info("became leader", lease=self._lease_name(), identity=self.config.identity)
+        stopped: bool | None = None  # None: on_started_leading failed
         try:
             try:
                 self._on_started_leading()
             except Exception:
                 log.exception("on_started_leading failed: giving up leadership")
-                self.gate.close()
-                self._set_leading(False)
-                self._call_stopped()
-                return False
-            stopped = self._renew_loop(stop)
+            else:
+                stopped = self._renew_loop(stop)
         finally:
             self.gate.close()  # before anything else, however we leave: no write from here
         self._set_leading(False)
         if stopped:
             self._release()
-        else:
+        elif stopped is False:
             log.error("leadership lost: could not renew the lease in time",
                       lease=self._lease_name(), renew_deadline=self.config.renew_deadline)
-        self._call_stopped()
-        return stopped
+        try:
+            self._on_stopped_leading()
+        except Exception:
+            log.exception("on_stopped_leading failed")
+        return bool(stopped)
 
     def try_acquire_or_renew(self, *, timeout: float | None = None) -> bool:
         """One attempt (client-go's tryAcquireOrRenew); True if we hold the Lease after it.
-
-        All its requests share one deadline, ``timeout`` (default renew_deadline) from now.
-        """
+        Its requests share one deadline, ``timeout`` (default renew_deadline) from now."""
         deadline = self._clock() + (timeout if timeout is not None
                                     else self.config.renew_deadline)
         stamp = micro_time(self._wall_clock())
@@ -230,24 +226,21 @@ class LeaderElector:
         return False
 
     def _renew_loop(self, stop: threading.Event) -> bool:
-        """Renew until stop (True) or until renew_deadline passes without a renewal (False).
-
-        The deadline runs from when the last successful renewal was sent, as the gate's.
-        """
+        """Renew until stop (True) or until renew_deadline passes without a renewal (False),
+        counted from when the last successful renewal was sent, as the gate's."""
         while not self._wait(stop, self.config.retry_period):
-            while True:
-                remaining = self._renewed_at + self.config.renew_deadline - self._clock()
-                if remaining <= 0:
-                    return False
+            deadline = self._renewed_at + self.config.renew_deadline
+            while (remaining := deadline - self._clock()) > 0:
                 if self.try_acquire_or_renew(timeout=remaining):
                     break
                 observed = self._observed
                 if observed is not None and observed.holder and not self._holds(observed):
                     return False  # someone else already holds it: no point retrying
-                deadline = self._renewed_at + self.config.renew_deadline
                 pause = min(self.config.retry_period, max(0.0, deadline - self._clock()))
                 if self._wait(stop, pause):
                     return True
+            else:  # the deadline passed
+                return False
         return True
 
     def _release(self) -> None:
@@ -370,12 +363,6 @@ class LeaderElector:
     def _set_leading(self, leading: bool) -> None:
         self._leading = leading
         self._gauge.set(1 if leading else 0)
-
-    def _call_stopped(self) -> None:
-        try:
-            self._on_stopped_leading()
-        except Exception:
-            log.exception("on_stopped_leading failed")
 
     def _lease_name(self) -> str:
         return f"{self.config.namespace}/{self.config.name}"
