@@ -23,8 +23,14 @@ from typing import Any
 import structlog
 
 from himitsu_controller.runtime.cache.pager import Pager
-from himitsu_controller.runtime.cache.store import IndexFunc, Store, object_key, resource_version
-from himitsu_controller.runtime.cache.transform import Transform, apply
+from himitsu_controller.runtime.cache.store import (
+    IndexFunc,
+    Store,
+    Transform,
+    apply,
+    object_key,
+    resource_version,
+)
 from himitsu_controller.runtime.client.errors import (
     ApiError,
     TransportError,
@@ -65,7 +71,7 @@ class Informer:
                  rng: Callable[[], float] = random.random,
                  sleep: Callable[[threading.Event, float], object] | None = None) -> None:
         """``sleep(stop, seconds)``: how backoffs wait; ``transform``, ``shared``: see
-        ``transform.apply``; ``list_snapshots``: see ``pager.lists_from_snapshots``."""
+        ``store.apply``; ``list_snapshots``: see ``pager.lists_from_snapshots``."""
         self.store = Store(indexers)
         self.name = name or resource.plural
         self._rest = rest

@@ -18,8 +18,7 @@ from typing import Any
 
 import structlog
 
-from himitsu_controller.runtime.cache.store import object_key
-from himitsu_controller.runtime.cache.transform import Transform, apply
+from himitsu_controller.runtime.cache.store import Transform, apply, object_key
 from himitsu_controller.runtime.client.errors import (
     ApiError,
     TransportError,
@@ -50,7 +49,7 @@ class Pager:
                  selectors: Mapping[str, str | None], page_size: int, name: str,
                  transform: Transform | None = None, shared: Collection[str] = (),
                  snapshots: bool = False) -> None:
-        """``transform`` reduces each item page by page (``transform.apply``);
+        """``transform`` reduces each item page by page (``store.apply``);
         ``snapshots``: see ``lists_from_snapshots``."""
         self._rest = rest
         self._transform = transform

@@ -1,9 +1,14 @@
-"""A thread-safe, indexed cache of Kubernetes objects (raw dicts) keyed "namespace/name".
+"""The informer's cache: a thread-safe, indexed store of raw dicts keyed "namespace/name".
 
 * client-go's ``cache.Indexer``: an index function maps an object to the values it is
   filed under; ``by_index`` finds them without a scan.
 * The informer writes it; everyone else reads. Objects are the very dicts decoded from
   the apiserver: read-only for callers (deep-copy before changing), as with client-go.
+* What it keeps of each object (``apply``): controller-runtime's cache ``TransformFunc``,
+  applied as objects arrive (LIST pages, watch events), ``metadata.managedFields``
+  always dropped, strings shared: the store is most of the operator's memory.
+
+Design: docs/design/informers.md
 """
 
 from __future__ import annotations
@@ -11,17 +16,19 @@ from __future__ import annotations
 import builtins
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import structlog
 
-__all__ = ["IndexFunc", "Store", "object_key"]
+__all__ = ["IndexFunc", "Store", "Transform", "apply", "drop_managed_fields", "intern_strings",
+           "object_key"]
 
 log = structlog.get_logger(__name__)
 
 IndexFunc = Callable[[dict[str, Any]], builtins.list[str]]
 Object = dict[str, Any]
+Transform = Callable[[Object], Object]
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -35,6 +42,51 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 def resource_version(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def drop_managed_fields(obj: Object) -> Object:
+    """``obj`` without ``metadata.managedFields`` (in place)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+def intern_strings(value: Any, values: Collection[str] = ()) -> Any:
+    """``value`` rebuilt with every dict key interned, and every string value of a key in
+    ``values`` (anywhere in it); lists are rebuilt, anything else is kept as it is."""
+    if isinstance(value, dict):
+        out = {}
+        for raw, item in value.items():
+            key = sys.intern(raw) if type(raw) is str else raw
+            if type(item) is str and key in values:
+                out[key] = sys.intern(item)
+            elif isinstance(item, dict | list):
+                out[key] = intern_strings(item, values)
+            else:
+                out[key] = item
+        return out
+    if isinstance(value, list):
+        return [intern_strings(item, values) if isinstance(item, dict | list) else item
+                for item in value]
+    return value
+
+
+def apply(transform: Transform | None, obj: Object, *, informer: str,
+          shared: Collection[str] = ()) -> Object | None:
+    """``obj`` as the store keeps it (the values of the fields ``shared`` names interned);
+    None when ``transform`` fails (logged): not kept whole, as a transform may exist to
+    keep data (a Secret's values) out of memory."""
+    obj = drop_managed_fields(obj)
+    try:
+        kept = obj if transform is None else transform(obj)
+        return intern_strings(kept, shared)  # type: ignore[no-any-return]
+    except Exception:
+        found = obj.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        log.exception("informer transform failed; object not cached", informer=informer,
+                      namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")))
+        return None
 
 
 class Store:
