@@ -150,14 +150,8 @@ def redact_values(message: str, *, status: int | None = None) -> str:
         message = message[:denied.end()]
     elif status in (400, 403, 422) and _OWN_TEXT.match(message) is None:
         return WITHHELD
-    out: list[str] = []
-    end = 0
-    for match in _QUOTED.finditer(message):
-        out += [message[end:match.start()],
-                match.group() if _kept(message, match) else REDACTED]
-        end = match.end()
-    out.append(message[end:])
-    return "".join(out)
+    return _QUOTED.sub(lambda match: match.group() if _kept(message, match) else REDACTED,
+                       message)
 
 
 def _kept(message: str, match: re.Match[str]) -> bool:
@@ -180,6 +174,5 @@ def _parse_retry_after(value: str | None) -> float | None:
 
 def describe_exception(exc: BaseException) -> str:
     """One line naming an exception, short enough for a log field or an error string."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
+    first = next(iter(str(exc).strip().splitlines()), "")
     return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
