@@ -27,7 +27,6 @@ from himitsu_controller.runtime.cache.store import (
     IndexFunc,
     Store,
     Transform,
-    apply,
     object_key,
     resource_version,
 )
@@ -80,8 +79,6 @@ class Informer:
         self._pager = Pager(rest, resource, namespace=namespace, selectors=self._selectors,
                             page_size=page_size, name=self.name, transform=transform,
                             shared=frozenset(shared), snapshots=list_snapshots)
-        self._transform = transform
-        self._shared = frozenset(shared)
         self._watch_read_timeout = watch_read_timeout
         self._clock = clock
         self._rng = rng
@@ -295,7 +292,7 @@ class Informer:
         rv = resource_version(obj)
         if kind != "BOOKMARK":  # a bookmark is a resourceVersion, never an object to cache
             key = object_key(obj)  # of the object as it came: the transform may fail on it
-            kept = apply(self._transform, obj, informer=self.name, shared=self._shared)
+            kept = self._pager.keep(obj)
             with self._dispatch_lock:
                 if kept is None or kind == "DELETED":
                     # An object not kept (as on the list path) drops its earlier version

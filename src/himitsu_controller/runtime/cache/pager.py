@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from himitsu_controller.runtime.cache.store import Transform, apply, object_key
+from himitsu_controller.runtime.cache.store import Transform, apply, object_key, resource_version
 from himitsu_controller.runtime.client.errors import (
     ApiError,
     TransportError,
@@ -124,15 +124,19 @@ class Pager:
                 page = self._rest.list(self._resource, namespace=self._namespace,
                                        query={**first, "limit": None})
                 self._collect(page, items)
-                return items, _version(page), paginated
+                return items, resource_version(page), paginated
             self._collect(page, items)
             token = (page.get("metadata") or {}).get("continue") or None
-            listed = _version(page)
+            listed = resource_version(page)
             del page  # this page's whole objects go before the next one is decoded
             if token is None:
                 return items, listed, paginated
             query = {**self._selectors, "limit": limit, "continue": token}
             paginated = True
+
+    def keep(self, obj: Object) -> Object | None:
+        """``obj`` as the store keeps it (``store.apply``); None: not kept."""
+        return apply(self._transform, obj, informer=self._name, shared=self._shared)
 
     def _collect(self, page: Mapping[str, Any], items: dict[str, Object]) -> None:
         # List items carry no apiVersion/kind; fill them in so cached objects look the
@@ -145,13 +149,9 @@ class Pager:
                 item["apiVersion"] = api_version
             if kind and "kind" not in item:
                 item["kind"] = kind
-            kept = apply(self._transform, item, informer=self._name, shared=self._shared)
+            kept = self.keep(item)
             if kept is not None:
                 items[object_key(kept)] = kept
-
-
-def _version(page: Mapping[str, Any]) -> str:
-    return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def lists_from_snapshots(rest: RestClient, *, pages: str = "auto") -> bool:

@@ -128,9 +128,7 @@ def _encode_query(query: Mapping[str, Any] | None) -> str:
 
 
 def _decode(data: bytes) -> dict[str, Any]:
-    if not data:
-        return {}
-    decoded = json.loads(data)
+    decoded = json.loads(data) if data else {}
     return decoded if isinstance(decoded, dict) else {"items": decoded}
 
 
