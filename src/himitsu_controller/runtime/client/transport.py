@@ -3,8 +3,8 @@
 * One pool (each open watch holds a connection for its life) with one ``ssl.SSLContext``:
   the cluster's CA or the system's, the client certificate, tls-server-name when set;
   behind a proxy (out-of-cluster) a ``ProxyManager`` with the same TLS settings.
-* Headers (credentials included) and the pool are built once per refresh period (a
-  ``Route``); a 401 tells the credentials and drops the route at once.
+* Headers (credentials included) are built once per refresh period (a ``Route``); a 401
+  tells the credentials and drops the route at once.
 * A request may run under an overall deadline (``httpdeadline``) and be sent ``once``;
   failures without an answer are ``TransportError``s naming the cause, never a credential.
 
@@ -44,7 +44,7 @@ __all__ = ["HttpClient", "LeanTransport", "Route", "encode_body", "load_api_clie
 log = structlog.get_logger(__name__)
 
 JSON = "application/json"
-REFRESH_SECONDS = 1.0  # how long the headers (credentials) and the pool are used
+REFRESH_SECONDS = 1.0  # how long the headers (credentials) are used
 # A deadline's socket timeout is a second later than the watchdog's reset, so it never
 # wins the race: its graceful close would let bytes a hung network held arrive late.
 _SOCKET_SLACK = 1.0
@@ -62,10 +62,8 @@ def encode_body(body: Any, content_type: str | None) -> bytes | None:
 
 @dataclasses.dataclass(frozen=True)
 class Route:
-    """How to send requests until ``expires`` (a reading of the clock)."""
+    """The headers to send until ``expires`` (a reading of the clock)."""
 
-    pool: urllib3.HTTPConnectionPool | None  # None: behind a proxy (see manager)
-    manager: urllib3.PoolManager | None
     headers: Mapping[str, str]  # shared by all requests, never mutated (urllib3 copies it)
     auth: Auth  # what the headers carry (told to the credentials after a 401)
     expires: float
@@ -104,7 +102,7 @@ class LeanTransport:
             self._lock.release()
 
     def invalidate(self) -> None:
-        """Rebuild the route before the next request (credentials refused, pool closed)."""
+        """Rebuild the route before the next request (the credentials were refused)."""
         route = self._route
         if route is not None:  # a race with a rebuild costs at most one more rebuild
             self._route = dataclasses.replace(route, expires=float("-inf"))
@@ -113,9 +111,8 @@ class LeanTransport:
         auth = self._client.config.credentials.current()  # may run a plugin; CredentialError
         headers = {"Accept": JSON, "User-Agent": self._user_agent,
                    "Authorization": auth.authorization}
-        pool, manager = self._client.connection()
-        return Route(pool, manager, {k: v for k, v in headers.items() if v is not None},
-                     auth, now + self._refresh_every)
+        return Route({k: v for k, v in headers.items() if v is not None}, auth,
+                     now + self._refresh_every)
 
     def send(self, route: Route, method: str, path: str, query: str, *, body: bytes | None,
              content_type: str | None, timeout: float, deadline: bool = False,
@@ -150,20 +147,20 @@ class LeanTransport:
                           timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
                           once=False, preload=False)
 
-    def _send(self, route: Route, method: str, path: str, query: str,
-              **kw: Any) -> urllib3.BaseHTTPResponse:
+    def _send(self, route: Route, method: str, path: str, query: str, *, body: bytes | None,
+              headers: Mapping[str, str], timeout: urllib3.Timeout, once: bool,
+              preload: bool = True) -> urllib3.BaseHTTPResponse:
+        pool, manager = self._client.connection()
         url = self._client.prefix + path + ("?" + query if query else "")
-        try:
-            try:
-                response = self._urlopen(route, method, url, **kw)
-            except urllib3.exceptions.ClosedPoolError:
-                # The client's pool was closed (``HttpClient.close``) before the request
-                # left; the client opens a new one.
-                self.invalidate()
-                retry = self.route()
-                if retry.pool is None or retry.pool is route.pool:
-                    raise
-                response = self._urlopen(retry, method, url, **kw)
+        kw: dict[str, Any] = {"body": body, "retries": False if once else self._client.retries,
+                              "redirect": False, "timeout": timeout, "preload_content": preload}
+        try:  # redirects are not followed: a 3xx is an answer
+            if pool is not None:
+                response = pool.urlopen(method, url, headers=headers, **kw)
+            else:
+                assert manager is not None
+                response = manager.urlopen(method, self._client.origin + url,
+                                           headers=dict(headers), **kw)
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
             # After the retries, the last failure says more than "Max retries exceeded".
             cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else None
@@ -178,18 +175,6 @@ class LeanTransport:
             self._client.config.credentials.refused(route.auth)
             self.invalidate()
         return response
-
-    def _urlopen(self, route: Route, method: str, url: str, *, body: bytes | None,
-                 headers: Mapping[str, str], timeout: urllib3.Timeout, once: bool,
-                 preload: bool = True) -> urllib3.BaseHTTPResponse:
-        retries = False if once else self._client.retries
-        if route.pool is not None:  # redirects are not followed: a 3xx is an answer
-            return route.pool.urlopen(method, url, body=body, headers=headers, retries=retries,
-                                      redirect=False, timeout=timeout, preload_content=preload)
-        assert route.manager is not None
-        return route.manager.urlopen(method, self._client.origin + url, body=body,
-                                     headers=dict(headers), retries=retries, redirect=False,
-                                     timeout=timeout, preload_content=preload)
 
 
 def new_retry(retries: int) -> urllib3.Retry:
