@@ -84,21 +84,17 @@ class WatchStream:
             pass  # already released or closed: nothing left to wake
 
     def _read_lines(self) -> Iterator[bytes]:
-        buffer = bytearray()
+        buffer = b""
         try:
             for chunk in self._chunks():
-                buffer += chunk
-                newline = buffer.find(b"\n")
-                while newline >= 0:
-                    line = bytes(buffer[:newline])
-                    del buffer[: newline + 1]
-                    if line.strip() and not self._closed.is_set():
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for line in lines:
+                    if self._closed.is_set():
+                        return
+                    if line.strip():
                         yield line
-                    newline = buffer.find(b"\n")
-                if self._closed.is_set():
-                    return
             if buffer.strip() and not self._closed.is_set():
-                yield bytes(buffer)
+                yield buffer
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
             if self._closed.is_set():
                 return
@@ -109,13 +105,8 @@ class WatchStream:
     def _chunks(self) -> Iterator[bytes]:
         response = self._response
         if response.chunked and response.supports_chunked_reads():
-            yield from response.read_chunked(decode_content=True)
-            return
-        while True:
-            data = response.read1(65536)
-            if not data:
-                return
-            yield data
+            return response.read_chunked(decode_content=True)
+        return iter(lambda: response.read1(65536), b"")
 
     def _release(self) -> None:
         with self._release_lock:
