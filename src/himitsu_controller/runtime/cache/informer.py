@@ -111,15 +111,14 @@ class Informer:
     def unhealthy_for(self) -> float:
         """Seconds since list/watch started failing without a working watch since; 0 if
         healthy. A relist that succeeds while every watch fails does not reset it."""
-        with self._state_lock:
-            since = self._failing_since
-        return 0.0 if since is None else max(0.0, self._clock() - since)
+        return self._age(self._failing_since)
 
     def stalled_for(self) -> float:
         """Seconds the apiserver has answered (lists work, watches are refused with a
         status) without a working watch; a refused connection or a timeout sets it to 0."""
-        with self._state_lock:
-            since = self._stalled_since
+        return self._age(self._stalled_since)
+
+    def _age(self, since: float | None) -> float:
         return 0.0 if since is None else max(0.0, self._clock() - since)
 
     def add_handler(self, *, on_add: Callable[[Object], None] | None = None,

@@ -76,8 +76,7 @@ def bearer(token: str) -> StaticCredentials:
 
 
 def read_token(path: str) -> Auth:
-    """The bearer token in ``path``; OSError or ValueError (naming the path only) if there
-    is none or it holds a control character."""
+    """The bearer token in ``path``; OSError or ValueError (naming the path only)."""
     with open(path, encoding="utf-8") as file:
         token = file.read().strip()
     if not token:
@@ -191,8 +190,7 @@ class ConfigurationCredentials:
             try:
                 value = self._configuration.get_api_key_with_prefix("BearerToken")
             except Exception as exc:  # the loader's refresh raises many types
-                raise CredentialError(f"kubeconfig credentials: {type(exc).__name__}",
-                                      ) from None
+                raise CredentialError(f"kubeconfig credentials: {type(exc).__name__}") from None
         return Auth(str(value) if value else None)
 
     def refused(self, auth: Auth) -> None:
@@ -214,11 +212,9 @@ def _from_kubeconfig(source: str) -> ClientConfig:
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: "
                           f"{describe_exception(exc)}") from None
     host = configuration.host
-    proxy = configuration.proxy
-    if proxy and should_bypass_proxies(host, configuration.no_proxy or ""):
-        proxy = None
+    bypass = should_bypass_proxies(host, configuration.no_proxy or "")
     return ClientConfig(host=host, credentials=ConfigurationCredentials(configuration),
                         ca_file=configuration.ssl_ca_cert, verify=configuration.verify_ssl,
                         tls_server_name=configuration.tls_server_name,
                         cert_file=configuration.cert_file, key_file=configuration.key_file,
-                        proxy=proxy, source=source)
+                        proxy=None if bypass else configuration.proxy, source=source)

@@ -117,9 +117,8 @@ class LeanTransport:
     def send(self, route: Route, method: str, path: str, query: str, *, body: bytes | None,
              content_type: str | None, timeout: float, deadline: bool = False,
              once: bool = False) -> tuple[int, bytes, Mapping[str, str]]:
-        """One request on ``route``: its status, body and headers. ``deadline``: ``timeout``
-        bounds the whole request (aborted then), not each socket operation; ``once``: no
-        urllib3 retry re-sends it."""
+        """Status, body, headers. ``deadline``: ``timeout`` bounds the whole request (aborted
+        then), not each socket operation; ``once``: no urllib3 retry re-sends it."""
         headers = route.headers
         if content_type is not None:
             headers = {**headers, "Content-Type": content_type}
@@ -140,8 +139,7 @@ class LeanTransport:
 
     def open(self, method: str, path: str, query: str, *, connect_timeout: float,
              read_timeout: float) -> urllib3.BaseHTTPResponse:
-        """A streaming request (a watch): the response with its body unread, for the caller
-        to read and release."""
+        """A watch: the response, its body unread, for the caller to read and release."""
         route = self.route()
         return self._send(route, method, path, query, body=None, headers=route.headers,
                           timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
@@ -185,10 +183,8 @@ def new_retry(retries: int) -> urllib3.Retry:
 
 
 class HttpClient:
-    """The connection pool (or proxy manager) for one apiserver; thread-safe.
-
-    ``ConfigError`` when the TLS material or the proxy cannot be used.
-    """
+    """The pool (or proxy manager) for one apiserver; thread-safe. ConfigError when the
+    TLS material or the proxy cannot be used."""
 
     def __init__(self, config: ClientConfig, *, pool_maxsize: int = 32,
                  retries: int = 3) -> None:

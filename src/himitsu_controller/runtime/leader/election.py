@@ -135,6 +135,7 @@ class LeaderElector:
         self.gate = gate if gate is not None else WriteGate(clock=clock)
         self._wait = wait if wait is not None else threading.Event.wait
         self.config = config
+        self._lease_id = f"{config.namespace}/{config.name}"  # for logs
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
         self._clock = clock
@@ -156,12 +157,12 @@ class LeaderElector:
         """Campaign, lead, and return: True on a requested stop, False if leadership was lost.
         on_started_leading must return promptly: renewals happen on this thread."""
         self._set_leading(False)
-        log.info("campaigning for leadership", lease=self._lease_name(),
+        log.info("campaigning for leadership", lease=self._lease_id,
                  identity=self.config.identity)
         if not self._acquire(stop):
             return True
         self._set_leading(True)
-        log.info("became leader", lease=self._lease_name(), identity=self.config.identity)
+        log.info("became leader", lease=self._lease_id, identity=self.config.identity)
         stopped: bool | None = None  # None: on_started_leading failed
         try:
             try:
@@ -177,7 +178,7 @@ class LeaderElector:
             self._release()
         elif stopped is False:
             log.error("leadership lost: could not renew the lease in time",
-                      lease=self._lease_name(), renew_deadline=self.config.renew_deadline)
+                      lease=self._lease_id, renew_deadline=self.config.renew_deadline)
         try:
             self._on_stopped_leading()
         except Exception:
@@ -251,20 +252,20 @@ class LeaderElector:
         # still land. Expiry gives such a write lease_duration after our last renewal.
         if not self.gate.settle(SETTLE_TIMEOUT):
             log.warning("not releasing the lease: writes still in flight, it expires instead",
-                        lease=self._lease_name(), in_flight=self.gate.in_flight)
+                        lease=self._lease_id, in_flight=self.gate.in_flight)
             return
         if self.gate.unanswered_within(self.config.lease_duration):
             log.warning("not releasing the lease: a write got no answer, it expires instead",
-                        lease=self._lease_name())
+                        lease=self._lease_id)
             return
         # Logged BEFORE the write: the gate is closed and settled, so this ends our term
         # (a standby may log "became leader" before we log "released the lease").
-        log.info("releasing the lease", lease=self._lease_name())
+        log.info("releasing the lease", lease=self._lease_id)
         stamp = micro_time(self._wall_clock())
         released = _Record("", 1, stamp, stamp, observed.transitions)
         deadline = self._clock() + min(RELEASE_TIMEOUT, self.config.renew_deadline)
         if self._write(released, deadline=deadline):
-            log.info("released the lease", lease=self._lease_name())
+            log.info("released the lease", lease=self._lease_id)
 
     # Lease I/O. Each request gets what is left until ``deadline``; none once it passed.
 
@@ -283,7 +284,7 @@ class LeaderElector:
         except Exception as exc:
             if isinstance(exc, ApiError) and exc.status == 404:
                 return False, None
-            log.warning("cannot read the lease", lease=self._lease_name(),
+            log.warning("cannot read the lease", lease=self._lease_id,
                         error=str(exc) if isinstance(exc, ApiError) else describe_exception(exc))
             return True, None
         self._lease = lease
@@ -317,7 +318,7 @@ class LeaderElector:
         try:
             stored = call(LEASES, body, namespace=self.config.namespace, timeout=timeout)
         except Exception as exc:
-            report(f"cannot {verb} the lease", lease=self._lease_name(),
+            report(f"cannot {verb} the lease", lease=self._lease_id,
                    error=describe_exception(exc))
             return False
         self._accept(stored, record, sent)
@@ -344,7 +345,7 @@ class LeaderElector:
             record = _Record.from_spec(spec)
             previous = self._observed
             if previous is None or previous.holder != record.holder:
-                log.info("lease holder observed", lease=self._lease_name(),
+                log.info("lease holder observed", lease=self._lease_id,
                          holder=record.holder or None)
             self._observed = record
             self._observed_spec = copy.deepcopy(dict(spec))
@@ -353,9 +354,7 @@ class LeaderElector:
 
     def _lease_valid(self) -> bool:
         observed = self._observed
-        if observed is None:
-            return False
-        return self._observed_time + observed.duration > self._clock()
+        return observed is not None and self._observed_time + observed.duration > self._clock()
 
     def _holds(self, record: _Record) -> bool:
         return record.holder == self.config.identity
@@ -363,6 +362,3 @@ class LeaderElector:
     def _set_leading(self, leading: bool) -> None:
         self._leading = leading
         self._gauge.set(1 if leading else 0)
-
-    def _lease_name(self) -> str:
-        return f"{self.config.namespace}/{self.config.name}"
