@@ -8,9 +8,9 @@ Design: docs/design/apiserver-client.md
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -71,17 +71,9 @@ class WatchStream:
         if self._closed.is_set():
             return
         self._closed.set()
-        try:
-            shutdown = getattr(self._response, "shutdown", None)
-            if shutdown is not None:  # urllib3 >= 2.3
-                shutdown()
-            else:
-                connection = self._response.connection
-                sock = getattr(connection, "sock", None)
-                if sock is not None:
-                    sock.shutdown(socket.SHUT_RDWR)
-        except (OSError, ValueError, RuntimeError, AttributeError):
-            pass  # already released or closed: nothing left to wake
+        # Wakes a thread blocked reading; if already released, there is nothing to wake.
+        with contextlib.suppress(OSError, ValueError, RuntimeError, AttributeError):
+            self._response.shutdown()
 
     def _read_lines(self) -> Iterator[bytes]:
         buffer = b""
