@@ -173,7 +173,6 @@ class RestClient:
                 verb: str | None = None) -> dict[str, Any]:
         """Send one request: the decoded JSON body, or ApiError/TransportError. A 429 with
         Retry-After is retried after it, at most ``max_retries`` times (as client-go)."""
-        method = method.upper()
         if content_type == JSON_PATCH and not isinstance(body, builtins.list):
             raise ValueError("a JSON patch body must be a list of operations")
         verb = verb or _VERB_BY_METHOD.get(method, method.lower())
@@ -219,13 +218,10 @@ class RestClient:
             gate.done(answered=answered)
 
     def watch(self, path: str, *, query: Mapping[str, Any] | None = None,
-              read_timeout: float = 90.0, connect_timeout: float = 10.0) -> WatchStream:
+              read_timeout: float = 90.0) -> WatchStream:
         """Open a watch (not rate limited); the caller iterates and closes the stream."""
-        watch_query = dict(query or {})
-        watch_query["watch"] = "true"
         self._count("watch")
-        response = self._transport.open("GET", path, _encode_query(watch_query),
-                                        connect_timeout=connect_timeout,
+        response = self._transport.open(path, _encode_query({**(query or {}), "watch": "true"}),
                                         read_timeout=read_timeout)
         if not 200 <= response.status < 300:
             try:
@@ -238,25 +234,24 @@ class RestClient:
         assert isinstance(response, urllib3.HTTPResponse)
         return WatchStream(response)
 
-    # Convenience verbs on a Resource. The namespace defaults to the body's own.
+    # Convenience verbs on a Resource (the verb counted is the method's, but for list).
+    # The namespace defaults to the body's own.
 
     def get(self, resource: Resource, name: str, *, namespace: str | None = None,
             timeout: float = 30.0) -> dict[str, Any]:
-        return self.request("GET", resource.path(namespace, name), timeout=timeout, verb="get")
+        return self.request("GET", resource.path(namespace, name), timeout=timeout)
 
     def create(self, resource: Resource, body: Mapping[str, Any], *,
                namespace: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
         namespace = namespace if namespace is not None else _body_namespace(resource, body)
-        return self.request("POST", resource.path(namespace), body=body, timeout=timeout,
-                            verb="create")
+        return self.request("POST", resource.path(namespace), body=body, timeout=timeout)
 
     def update(self, resource: Resource, body: Mapping[str, Any], *,
                namespace: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
         """PUT; the body's metadata.resourceVersion makes it conditional (409 if stale)."""
         namespace = namespace if namespace is not None else _body_namespace(resource, body)
         name = str(body.get("metadata", {}).get("name", ""))
-        return self.request("PUT", resource.path(namespace, name), body=body, timeout=timeout,
-                            verb="update")
+        return self.request("PUT", resource.path(namespace, name), body=body, timeout=timeout)
 
     def patch(self, resource: Resource, name: str, patch: Any, *,
               namespace: str | None = None, content_type: str = MERGE_PATCH,
@@ -264,13 +259,11 @@ class RestClient:
               timeout: float = 30.0) -> dict[str, Any]:
         """PATCH with a merge (default), JSON or apply (pass fieldManager in query) patch."""
         return self.request("PATCH", resource.path(namespace, name, subresource), query=query,
-                            body=patch, content_type=content_type, timeout=timeout,
-                            verb="patch")
+                            body=patch, content_type=content_type, timeout=timeout)
 
     def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
                timeout: float = 30.0) -> dict[str, Any]:
-        return self.request("DELETE", resource.path(namespace, name), timeout=timeout,
-                            verb="delete")
+        return self.request("DELETE", resource.path(namespace, name), timeout=timeout)
 
     # Last: a method named ``list`` shadows the builtin for annotations below it.
     def list(self, resource: Resource, *, namespace: str | None = None,

@@ -45,6 +45,7 @@ log = structlog.get_logger(__name__)
 
 JSON = "application/json"
 REFRESH_SECONDS = 1.0  # how long the headers (credentials) are used
+CONNECT_TIMEOUT = 10.0  # a watch's (its reads have their own timeout)
 # A deadline's socket timeout is a second later than the watchdog's reset, so it never
 # wins the race: its graceful close would let bytes a hung network held arrive late.
 _SOCKET_SLACK = 1.0
@@ -137,12 +138,11 @@ class LeanTransport:
                 raise TransportError(f"{method} {path}: no answer within {timeout:.1f}s, "
                                      "connection aborted") from None
 
-    def open(self, method: str, path: str, query: str, *, connect_timeout: float,
-             read_timeout: float) -> urllib3.BaseHTTPResponse:
+    def open(self, path: str, query: str, *, read_timeout: float) -> urllib3.BaseHTTPResponse:
         """A watch: the response, its body unread, for the caller to read and release."""
         route = self.route()
-        return self._send(route, method, path, query, body=None, headers=route.headers,
-                          timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+        return self._send(route, "GET", path, query, body=None, headers=route.headers,
+                          timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=read_timeout),
                           once=False, preload=False)
 
     def _send(self, route: Route, method: str, path: str, query: str, *, body: bytes | None,
