@@ -190,7 +190,6 @@ class HttpClient:
                  retries: int = 3) -> None:
         self.config = config
         self.retries = new_retry(retries)
-        self.pool_maxsize = pool_maxsize
         url = parse_url(config.host)
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigError(f"server {config.host[:100]!r} is not an http(s) URL")
@@ -201,7 +200,12 @@ class HttpClient:
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._proxy_url, self._proxy_headers = _proxy(config.proxy)
         self._lock = threading.Lock()
-        self._context = self._ssl_context() if self.scheme == "https" else None
+        self._pool_kw: dict[str, Any] = {"maxsize": pool_maxsize, "retries": self.retries}
+        if self.scheme == "https":
+            verify = ssl.CERT_REQUIRED if config.verify else ssl.CERT_NONE
+            self._pool_kw.update(ssl_context=self._ssl_context(), cert_reqs=verify)
+            if config.tls_server_name:
+                self._pool_kw["server_hostname"] = config.tls_server_name
         self._pool: urllib3.HTTPConnectionPool | None = None
         self._manager: urllib3.PoolManager | None = None
 
@@ -216,12 +220,12 @@ class HttpClient:
                 if self._manager is None:
                     self._manager = urllib3.ProxyManager(
                         self._proxy_url, num_pools=2, proxy_headers=self._proxy_headers,
-                        **self._pool_kw())
+                        **self._pool_kw)
                     self._manager.pool_classes_by_scheme = POOL_CLASSES
                 return None, self._manager
             if self._pool is None or self._pool.pool is None:  # never made, or closed
                 pool_class = POOL_CLASSES[self.scheme]
-                self._pool = pool_class(self._host, self._port, **self._pool_kw())
+                self._pool = pool_class(self._host, self._port, **self._pool_kw)
             return self._pool, None
 
     def close(self) -> None:
@@ -232,15 +236,6 @@ class HttpClient:
             if self._manager is not None:
                 self._manager.clear()
             self._pool = self._manager = None
-
-    def _pool_kw(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {"maxsize": self.pool_maxsize, "retries": self.retries}
-        if self.scheme == "https":
-            kw["ssl_context"] = self._context
-            kw["cert_reqs"] = ssl.CERT_REQUIRED if self.config.verify else ssl.CERT_NONE
-            if self.config.tls_server_name:
-                kw["server_hostname"] = self.config.tls_server_name
-        return kw
 
     def _ssl_context(self) -> ssl.SSLContext:
         config = self.config
