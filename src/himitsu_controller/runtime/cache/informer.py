@@ -133,8 +133,6 @@ class Informer:
                 if func is not None:
                     self._handlers[kind].append(func)
 
-    # The reflector loop.
-
     def run(self, stop: threading.Event) -> None:
         """List and watch until ``stop`` is set; never raises for API trouble."""
         closer = threading.Thread(target=self._close_stream_on, args=(stop,),

@@ -98,8 +98,6 @@ class Store:
         self._indexers: dict[str, IndexFunc] = dict(indexers or {})
         self._indices: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
 
-    # Reads.
-
     def get(self, key: str) -> Object | None:
         with self._lock:
             return self._items.get(key)

@@ -22,8 +22,8 @@ import structlog
 
 from himitsu_controller.runtime.client.errors import TransportError, describe_exception
 
-__all__ = ["NO_CREDENTIALS", "Auth", "ClientConfig", "ConfigError", "CredentialError",
-           "Credentials", "StaticCredentials", "TokenFile", "bearer", "load_client_config"]
+__all__ = ["NO_CREDENTIALS", "Auth", "ClientConfig", "ConfigError", "Credentials",
+           "StaticCredentials", "TokenFile", "bearer", "load_client_config"]
 
 log = structlog.get_logger(__name__)
 
@@ -35,10 +35,6 @@ NO_KUBERNETES = ("out-of-cluster configuration needs the kubernetes package: "
 TOKEN_FILE_PERIOD = 60.0  # client-go's transport.NewCachedFileTokenSource
 
 
-class CredentialError(TransportError):
-    """The credentials could not be had just now: the request is not sent."""
-
-
 @dataclass(frozen=True)
 class Auth:
     """What a request carries: an Authorization header value."""
@@ -47,7 +43,8 @@ class Auth:
 
 
 class Credentials(Protocol):
-    """``current()``: what to send now (or CredentialError); ``refused()``: a 401 to it.
+    """``current()``: what to send now (TransportError: nothing, the request is not sent);
+    ``refused()``: a 401 to it.
     Asked once per transport refresh (about a second), from many threads."""
 
     def current(self) -> Auth: ...
@@ -190,7 +187,7 @@ class ConfigurationCredentials:
             try:
                 value = self._configuration.get_api_key_with_prefix("BearerToken")
             except Exception as exc:  # the loader's refresh raises many types
-                raise CredentialError(f"kubeconfig credentials: {type(exc).__name__}") from None
+                raise TransportError(f"kubeconfig credentials: {type(exc).__name__}") from None
         return Auth(str(value) if value else None)
 
     def refused(self, auth: Auth) -> None:

@@ -109,7 +109,7 @@ class LeanTransport:
             self._route = dataclasses.replace(route, expires=float("-inf"))
 
     def _build(self, now: float) -> Route:
-        auth = self._client.config.credentials.current()  # may run a plugin; CredentialError
+        auth = self._client.config.credentials.current()  # may run a plugin; TransportError
         headers = {"Accept": JSON, "User-Agent": self._user_agent,
                    "Authorization": auth.authorization}
         return Route({k: v for k, v in headers.items() if v is not None}, auth,

@@ -215,8 +215,6 @@ class LeaderElector:
             desired = replace(desired, transitions=observed.transitions + 1)
         return self._write(desired, deadline=deadline)
 
-    # The loops.
-
     def _acquire(self, stop: threading.Event) -> bool:
         while not stop.is_set():
             if self.try_acquire_or_renew():
@@ -295,7 +293,6 @@ class LeaderElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.config.name, "namespace": self.config.namespace},
                 "spec": desired.to_spec()}
-        # A 409 AlreadyExists: another candidate was first.
         return self._store(self._rest.create, body, desired, deadline=deadline,
                            report=log.info, verb="create")
 
@@ -304,7 +301,6 @@ class LeaderElector:
             return False
         body = copy.deepcopy(self._lease)
         body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
-        # A 409 Conflict: the Lease changed since we read it.
         return self._store(self._rest.update, body, record, deadline=deadline,
                            report=log.debug if quiet else log.info, verb="update")
 
@@ -317,7 +313,7 @@ class LeaderElector:
         sent = self._clock()
         try:
             stored = call(LEASES, body, namespace=self.config.namespace, timeout=timeout)
-        except Exception as exc:
+        except Exception as exc:  # 409: another candidate was first, or the Lease changed
             report(f"cannot {verb} the lease", lease=self._lease_id,
                    error=describe_exception(exc))
             return False
