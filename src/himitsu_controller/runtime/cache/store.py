@@ -4,9 +4,8 @@
   filed under; ``by_index`` finds them without a scan.
 * The informer writes it; everyone else reads. Objects are the very dicts decoded from
   the apiserver: read-only for callers (deep-copy before changing), as with client-go.
-* What it keeps of each object (``apply``): controller-runtime's cache ``TransformFunc``,
-  applied as objects arrive (LIST pages, watch events), ``metadata.managedFields``
-  always dropped, strings shared: the store is most of the operator's memory.
+* What it keeps of each object (``apply``, as controller-runtime's ``TransformFunc``):
+  the store is most of the operator's memory.
 
 Design: docs/design/informers.md
 """
@@ -109,8 +108,6 @@ class Store:
     def by_index(self, index: str, value: str) -> builtins.list[Object]:
         """Objects filed under ``value`` by the indexer ``index`` (KeyError if unknown)."""
         with self._lock:
-            if index not in self._indices:
-                raise KeyError(f"no indexer named {index!r}")
             keys = self._indices[index].get(value, ())
             return [self._items[key] for key in sorted(keys)]
 

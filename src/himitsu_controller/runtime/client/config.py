@@ -163,14 +163,13 @@ def in_cluster_config() -> ClientConfig:
     port = os.environ["KUBERNETES_SERVICE_PORT"]
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
+    unusable = f"cannot load Kubernetes configuration from {IN_CLUSTER}: "
     if not os.path.isfile(SERVICE_ACCOUNT_CA_PATH):
-        raise ConfigError(f"cannot load Kubernetes configuration from {IN_CLUSTER}: "
-                          f"no CA file at {SERVICE_ACCOUNT_CA_PATH}")
+        raise ConfigError(f"{unusable}no CA file at {SERVICE_ACCOUNT_CA_PATH}")
     try:
         token = TokenFile(SERVICE_ACCOUNT_TOKEN_PATH)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot load Kubernetes configuration from {IN_CLUSTER}: "
-                          f"{describe_exception(exc)}") from None
+        raise ConfigError(unusable + describe_exception(exc)) from None
     return ClientConfig(host=f"https://{host}:{port}", credentials=token,
                         ca_file=SERVICE_ACCOUNT_CA_PATH, source=IN_CLUSTER)
 
