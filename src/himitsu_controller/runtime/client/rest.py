@@ -134,10 +134,7 @@ def _decode(data: bytes) -> dict[str, Any]:
 
 class RestClient:
     """JSON requests to the apiserver with client-go's client-side behaviour; thread-safe.
-
-    One per process, and one of its own for leader election (renewals never queue
-    behind ordinary requests in the rate limiter).
-    """
+    One per process, and the elector's own (renewals never queue behind other requests)."""
 
     def __init__(self, api_client: HttpClient, *, qps: float = 50.0, burst: int = 100,
                  user_agent: str | None = None, max_retries: int = 10,
