@@ -8,7 +8,7 @@ This one sends N merge-patches to a local HTTP server, in one process, through
   (a) ``ApiClient.param_serialize`` + ``ApiClient.call_api`` (the kubernetes client's own
       path, which RestClient used before it got a lean path of its own), reading and
       decoding the JSON answer as RestClient did, and
-  (b) ``RestClient.patch`` (our own transport: runtime/client/httpclient.py, transport.py),
+  (b) ``RestClient.patch`` (our own transport: runtime/client/transport.py),
 
 alternating batches of the two, and prints the median CPU microseconds per request of the
 client thread (``time.thread_time``; the server is a separate process, so its CPU is not
@@ -35,7 +35,6 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from himitsu_controller.runtime.client.httpclient import new_retry
 from himitsu_controller.runtime.client.rest import (
     MERGE_PATCH,
     ClientConfig,
@@ -45,6 +44,7 @@ from himitsu_controller.runtime.client.rest import (
     bearer,
     new_api_client,
 )
+from himitsu_controller.runtime.client.transport import new_retry
 
 WIDGETS = Resource("example.io", "v1", "widgets")
 TOKEN = "bench-token"  # noqa: S105 (a made-up bearer token for a loopback server)

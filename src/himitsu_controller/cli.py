@@ -24,9 +24,9 @@ from himitsu_controller import __version__, api, himitsu, kube, metrics, watches
 from himitsu_controller import logging as hlogging
 from himitsu_controller.runtime.cache.informer import Informer
 from himitsu_controller.runtime.cache.pager import LIST_PAGES, lists_from_snapshots
-from himitsu_controller.runtime.client.config import ConfigError, load_client_config, new_api_client
-from himitsu_controller.runtime.client.httpclient import ClientConfig
+from himitsu_controller.runtime.client.config import ClientConfig, ConfigError, load_client_config
 from himitsu_controller.runtime.client.rest import ApiError, RestClient, TransportError
+from himitsu_controller.runtime.client.transport import new_api_client
 from himitsu_controller.runtime.controller import Controller
 from himitsu_controller.runtime.events import EventRecorder
 from himitsu_controller.runtime.leader.election import (

@@ -26,7 +26,7 @@ from tls_server import Pki, TlsApiServer, make_pki
 
 import himitsu_controller
 from himitsu_controller import logging as hlog
-from himitsu_controller.runtime.client.httpclient import HttpClient
+from himitsu_controller.runtime.client.transport import HttpClient
 
 # Property and model-based tests judge behaviour, never speed: no per-example deadline and
 # no too_slow health check (a loaded 2-core CI machine is slow, not wrong). Under CI the

@@ -17,7 +17,7 @@ from fakes import FakeKube
 from reconcile_world import Clock
 
 from himitsu_controller import himitsu
-from himitsu_controller.runtime.cache.transform import apply
+from himitsu_controller.runtime.cache.store import apply
 from himitsu_controller.sync import summary
 from himitsu_controller.sync.memory import Memory
 from himitsu_controller.sync.polling import polls

@@ -20,7 +20,7 @@ from fake_apiserver import FakeApiServer
 from tls_server import Pki, TlsApiServer
 
 from himitsu_controller.runtime.client import config as kubeconfig
-from himitsu_controller.runtime.client.credentials import TokenFile
+from himitsu_controller.runtime.client.config import TokenFile
 from himitsu_controller.runtime.client.rest import (
     ApiError,
     ClientConfig,

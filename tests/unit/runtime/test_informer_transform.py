@@ -16,7 +16,7 @@ from fake_apiserver import FakeApiServer, WatchSession, status_body
 from structlog.testing import capture_logs
 
 from himitsu_controller.runtime.cache.informer import Informer
-from himitsu_controller.runtime.cache.transform import drop_managed_fields
+from himitsu_controller.runtime.cache.store import drop_managed_fields
 from himitsu_controller.runtime.client.rest import HttpClient, Resource, RestClient
 
 WIDGETS = Resource("example.io", "v1", "widgets")

@@ -11,7 +11,7 @@ import pytest
 from fake_apiserver import TOKEN, Canned, FakeApiServer, status_body
 from fakes import SleepClock
 
-from himitsu_controller.runtime.client.credentials import Auth
+from himitsu_controller.runtime.client.config import Auth
 from himitsu_controller.runtime.client.rest import (
     APPLY_PATCH,
     JSON_PATCH,

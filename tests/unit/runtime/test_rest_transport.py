@@ -25,7 +25,7 @@ from fake_apiserver import TOKEN, Canned, FakeApiServer, status_body
 from fakes import SleepClock
 from tls_server import Pki, TlsApiServer
 
-from himitsu_controller.runtime.client.credentials import Auth
+from himitsu_controller.runtime.client.config import Auth
 from himitsu_controller.runtime.client.rest import (
     APPLY_PATCH,
     ApiError,

@@ -23,8 +23,13 @@ from typing import Any
 import structlog
 
 from himitsu_controller.runtime.cache.pager import Pager
-from himitsu_controller.runtime.cache.store import IndexFunc, Store, object_key, resource_version
-from himitsu_controller.runtime.cache.transform import Transform, apply
+from himitsu_controller.runtime.cache.store import (
+    IndexFunc,
+    Store,
+    Transform,
+    object_key,
+    resource_version,
+)
 from himitsu_controller.runtime.client.errors import (
     ApiError,
     TransportError,
@@ -47,41 +52,9 @@ WATCH_TIMEOUT_MIN = 300
 WATCH_TIMEOUT_SPREAD = 300
 # client-go's "very short watch": ended in under a second with no event -> back off.
 SHORT_WATCH = 1.0
-# A 410 relists at once only this long after the last relist (the first list aside), and
-# once a watch has delivered something since the last list; else it goes through the
-# backoff (client-go backs off every ListAndWatch return).
+# A 410 relists at once only this long after the last relist, and once a watch has
+# delivered something since; else after the backoff (as client-go, every time).
 RELIST_AT_ONCE_AFTER = 30.0
-
-
-@dataclass(frozen=True)
-class _Handlers:
-    on_add: Callable[[Object], None] | None
-    on_update: Callable[[Object, Object], None] | None
-    on_delete: Callable[[Object], None] | None
-
-
-class _Backoff:
-    """Exponential backoff with jitter, starting over after a quiet spell.
-
-    As client-go's reflector backoff manager: the delay only resets once no failure has
-    happened for BACKOFF_RESET seconds, so a watch that opens and dies at once keeps
-    backing off instead of restarting from 0.8 s every time.
-    """
-
-    def __init__(self, rng: Callable[[], float], clock: Callable[[], float]) -> None:
-        self._rng = rng
-        self._clock = clock
-        self._failures = 0
-        self._last_failure: float | None = None
-
-    def next_delay(self) -> float:
-        now = self._clock()
-        if self._last_failure is not None and now - self._last_failure > BACKOFF_RESET:
-            self._failures = 0
-        self._last_failure = now
-        base = min(BACKOFF_CAP, BACKOFF_INITIAL * 2.0 ** min(self._failures, 16))
-        self._failures += 1
-        return min(BACKOFF_CAP, base * (1.0 + self._rng()))
 
 
 class Informer:
@@ -96,14 +69,9 @@ class Informer:
                  clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random,
                  sleep: Callable[[threading.Event, float], object] | None = None) -> None:
-        """``sleep(stop, seconds)`` is how backoffs wait (default ``stop.wait``);
-        ``transform`` reduces each object before it is cached (``runtime.transform``:
-        managedFields are dropped whatever it is); the cache interns every key, and the
-        values of the fields named in ``shared``; ``list_snapshots``: the server's watch
-        cache serves paginated lists, so every list comes in pages (``pager``)."""
+        """``sleep(stop, seconds)``: how backoffs wait; ``transform``, ``shared``: see
+        ``store.apply``; ``list_snapshots``: see ``pager.lists_from_snapshots``."""
         self.store = Store(indexers)
-        self.resource = resource
-        self.namespace = namespace
         self.name = name or resource.plural
         self._rest = rest
         self._path = resource.path(namespace if resource.namespaced else None)
@@ -111,12 +79,11 @@ class Informer:
         self._pager = Pager(rest, resource, namespace=namespace, selectors=self._selectors,
                             page_size=page_size, name=self.name, transform=transform,
                             shared=frozenset(shared), snapshots=list_snapshots)
-        self._transform = transform
-        self._shared = frozenset(shared)
         self._watch_read_timeout = watch_read_timeout
         self._clock = clock
         self._rng = rng
-        self._handlers: list[_Handlers] = []
+        self._handlers: dict[str, list[Callable[..., None]]] = {
+            "add": [], "update": [], "delete": []}
         # Held while handlers run, so a handler added late sees a consistent replay.
         self._dispatch_lock = threading.RLock()
         self._synced = threading.Event()
@@ -124,13 +91,12 @@ class Informer:
         self._state_lock = threading.Lock()
         self._failing_since: float | None = None
         self._stalled_since: float | None = None
-        self._relisted_at: float | None = None
+        self._relisted_at = float("-inf")
         self._delivered_since_list = 0
         self._sleep = sleep or (lambda stop, seconds: stop.wait(seconds))
         self._stream: WatchStream | None = None
-        self._backoff = _Backoff(rng, clock)
-
-    # Public state.
+        self._failures = 0  # the backoff's
+        self._last_failure = float("-inf")
 
     @property
     def last_sync_resource_version(self) -> str:
@@ -145,29 +111,27 @@ class Informer:
     def unhealthy_for(self) -> float:
         """Seconds since list/watch started failing without a working watch since; 0 if
         healthy. A relist that succeeds while every watch fails does not reset it."""
-        with self._state_lock:
-            since = self._failing_since
-        return 0.0 if since is None else max(0.0, self._clock() - since)
+        return self._age(self._failing_since)
 
     def stalled_for(self) -> float:
         """Seconds the apiserver has answered (lists work, watches are refused with a
         status) without a working watch; a refused connection or a timeout sets it to 0."""
-        with self._state_lock:
-            since = self._stalled_since
+        return self._age(self._stalled_since)
+
+    def _age(self, since: float | None) -> float:
         return 0.0 if since is None else max(0.0, self._clock() - since)
 
     def add_handler(self, *, on_add: Callable[[Object], None] | None = None,
                     on_update: Callable[[Object, Object], None] | None = None,
                     on_delete: Callable[[Object], None] | None = None) -> None:
         """Register callbacks; objects already cached are replayed to ``on_add`` first."""
-        handlers = _Handlers(on_add, on_update, on_delete)
         with self._dispatch_lock:
             if on_add is not None:
                 for obj in self.store.list():
                     self._call(on_add, "add", obj)
-            self._handlers.append(handlers)
-
-    # The reflector loop.
+            for kind, func in (("add", on_add), ("update", on_update), ("delete", on_delete)):
+                if func is not None:
+                    self._handlers[kind].append(func)
 
     def run(self, stop: threading.Event) -> None:
         """List and watch until ``stop`` is set; never raises for API trouble."""
@@ -211,9 +175,8 @@ class Informer:
     def _relisted_lately(self) -> bool:
         """Whether a 410 now would make a relist loop: nothing delivered since the last
         relist, or that relist was under RELIST_AT_ONCE_AFTER ago."""
-        return self._delivered_since_list == 0 or (
-            self._relisted_at is not None
-            and self._clock() - self._relisted_at < RELIST_AT_ONCE_AFTER)
+        return (self._delivered_since_list == 0
+                or self._clock() - self._relisted_at < RELIST_AT_ONCE_AFTER)
 
     def _close_stream_on(self, stop: threading.Event) -> None:
         stop.wait()
@@ -232,7 +195,14 @@ class Informer:
                 self._stalled_since = None
             elif self._stalled_since is None:
                 self._stalled_since = now
-        delay = self._backoff.next_delay()
+        # client-go's reflector backoff: it starts over only after a quiet spell, so a
+        # watch that opens and dies at once keeps backing off.
+        if now - self._last_failure > BACKOFF_RESET:
+            self._failures = 0
+        self._last_failure = now
+        base = min(BACKOFF_CAP, BACKOFF_INITIAL * 2.0 ** min(self._failures, 16))
+        self._failures += 1
+        delay = min(BACKOFF_CAP, base * (1.0 + self._rng()))
         log.warning("informer list/watch failed, backing off", informer=self.name,
                     phase=phase, error=error, retry_in=round(delay, 2))
         self._sleep(stop, delay)
@@ -248,7 +218,7 @@ class Informer:
                 if old is None:
                     self._dispatch("add", new)
                 else:
-                    self._dispatch("update", new, old)
+                    self._dispatch("update", old, new)
             for obj in deleted:
                 self._dispatch("delete", obj)
         self._rv = rv
@@ -317,45 +287,28 @@ class Informer:
                         type=str(kind)[:40])
             return
         rv = resource_version(obj)
-        if kind == "BOOKMARK":  # a resourceVersion, never an object to cache
-            self._rv = rv or self._rv
-            return
-        key = object_key(obj)  # of the object as it came: the transform may fail on it
-        kept = apply(self._transform, obj, informer=self.name, shared=self._shared)
-        if kept is None:
-            # Not kept at all, as on the list path: nor is an earlier version of it, which
-            # would outlive this change (or this deletion) with no handler hearing of it.
+        if kind != "BOOKMARK":  # a bookmark is a resourceVersion, never an object to cache
+            key = object_key(obj)  # of the object as it came: the transform may fail on it
+            kept = self._pager.keep(obj)
             with self._dispatch_lock:
-                old = self.store.delete(key)
-                if old is not None:
-                    self._dispatch("delete", old)
-            self._rv = rv or self._rv
-            return
-        obj = kept
-        with self._dispatch_lock:
-            if kind == "DELETED":
-                self.store.delete(key)
-                self._dispatch("delete", obj)
-            else:
-                current = self.store.get(key)
-                if current is not None and resource_version(current) == rv:
-                    pass  # already seen (e.g. replayed after a rewatch)
-                else:
-                    old = self.store.upsert(key, obj)
+                if kept is None or kind == "DELETED":
+                    # An object not kept (as on the list path) drops its earlier version
+                    # too, which would outlive this change with no handler hearing of it.
+                    old = self.store.delete(key)
+                    gone = old if kept is None else kept
+                    if gone is not None:
+                        self._dispatch("delete", gone)
+                elif (current := self.store.get(key)) is None or resource_version(current) != rv:
+                    old = self.store.upsert(key, kept)  # else already seen (a rewatch replay)
                     if old is None:
-                        self._dispatch("add", obj)
+                        self._dispatch("add", kept)
                     else:
-                        self._dispatch("update", obj, old)
+                        self._dispatch("update", old, kept)
         self._rv = rv or self._rv
 
-    def _dispatch(self, kind: str, obj: Object, old: Object | None = None) -> None:
-        for handlers in self._handlers:
-            if kind == "add" and handlers.on_add is not None:
-                self._call(handlers.on_add, kind, obj)
-            elif kind == "update" and handlers.on_update is not None and old is not None:
-                self._call(handlers.on_update, kind, old, obj)
-            elif kind == "delete" and handlers.on_delete is not None:
-                self._call(handlers.on_delete, kind, obj)
+    def _dispatch(self, kind: str, *objs: Object) -> None:
+        for func in self._handlers[kind]:
+            self._call(func, kind, *objs)
 
     def _call(self, func: Callable[..., None], kind: str, *objs: Object) -> None:
         try:
@@ -378,34 +331,32 @@ _REWATCH = _After(relist=False, backoff=False)
 
 
 def _after_error_event(status: Any) -> _After:
-    """client-go's reflector on a watch ERROR event: a 429 backs off and rewatches; an
-    expired resourceVersion relists; anything else (a 504 "too large resource version"
-    after an etcd restore, a 500, a 403...) backs off and relists."""
+    """client-go's reflector on a watch ERROR event (see ``_after_api_error``)."""
     if not isinstance(status, dict):
         return _After(relist=True, backoff=True, error="watch ERROR event without a Status")
     return _after_api_error(ApiError.from_status(status))
 
 
 def _after_api_error(exc: ApiError) -> _After:
+    """A 429 backs off and rewatches; an expired resourceVersion relists at once; anything
+    else (a 504 "too large resource version", a 500, a 403...) backs off and relists."""
     if exc.status == 429:
         return _After(relist=False, backoff=True, error=str(exc))
     return _After(relist=True, backoff=not is_resource_expired(exc), error=str(exc))
 
 
 def _after_refused_watch(exc: Exception) -> _After:
-    """The watch request failed: as client-go, only a refused connection (the apiserver is
-    down: the watch will resume where it was) and a 429 rewatch; the rest relists."""
+    """As client-go: only a refused connection (the watch resumes where it was) and a 429
+    rewatch; the rest relists."""
     if isinstance(exc, ApiError):
         return _after_api_error(exc)
-    if isinstance(exc, TransportError) and _connect_failed(str(exc)):
-        return _After(relist=False, backoff=True, error=str(exc))
+    # urllib3 names a failed connect NewConnectionError (the text may be cut before its
+    # "Connection refused").
+    message = str(exc)
+    if isinstance(exc, TransportError) and (
+            "NewConnectionError" in message or "connection refused" in message.lower()):
+        return _After(relist=False, backoff=True, error=message)
     return _After(relist=True, backoff=True, error=_describe(exc))
-
-
-def _connect_failed(message: str) -> bool:
-    # TransportError carries text only; urllib3 names a failed connect NewConnectionError
-    # (the message may be cut before its "Connection refused").
-    return "NewConnectionError" in message or "connection refused" in message.lower()
 
 
 def _describe(exc: Exception) -> str:

@@ -2,9 +2,8 @@
 
 * The resourceVersion of a LIST decides whether kube-apiserver answers from its watch
   cache or from etcd: lists and relists are asked so the cache answers.
-* In pages where the watch cache serves them so (list snapshots, kube-apiserver 1.34+;
-  ``lists_from_snapshots``): only one page is ever decoded whole. Older servers keep
-  client-go's one-page rules.
+* In pages where the watch cache serves them so (kube-apiserver 1.34+): only one page is
+  ever decoded whole. Older servers keep client-go's one-page rules.
 * An expired or too large resourceVersion lists again at the latest one, paginated.
 
 Design: docs/design/informers.md
@@ -12,14 +11,14 @@ Design: docs/design/informers.md
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import structlog
 
-from himitsu_controller.runtime.cache.store import object_key
-from himitsu_controller.runtime.cache.transform import Transform, apply
+from himitsu_controller.runtime.cache.store import Transform, apply, object_key, resource_version
 from himitsu_controller.runtime.client.errors import (
     ApiError,
     TransportError,
@@ -39,6 +38,8 @@ Listing = tuple[dict[str, Object], str]  # objects by key, the list's resourceVe
 SNAPSHOT_MINOR = 34
 # --list-pages: "auto" pages on servers whose version says they can, "off" never.
 LIST_PAGES = ("auto", "off")
+# "1.34+" (major.minor, "+" on some managed offerings) or "v1.34.2-eks-1" (gitVersion).
+_MAJOR_MINOR = re.compile(r"v?(\d+)[^.]*\.(\d+)")
 
 
 class Pager:
@@ -48,9 +49,8 @@ class Pager:
                  selectors: Mapping[str, str | None], page_size: int, name: str,
                  transform: Transform | None = None, shared: Collection[str] = (),
                  snapshots: bool = False) -> None:
-        """``transform`` is applied to each item page by page (``runtime.transform``), so
-        a listing never holds every object whole at once; ``snapshots``: the server's
-        watch cache serves paginated lists (``lists_from_snapshots``)."""
+        """``transform`` reduces each item page by page (``store.apply``);
+        ``snapshots``: see ``lists_from_snapshots``."""
         self._rest = rest
         self._transform = transform
         self._shared = shared
@@ -65,7 +65,7 @@ class Pager:
         self._unavailable = False
         self._snapshots = snapshots
 
-    def resource_version_for(self, last_seen: str) -> str:
+    def _version_for(self, last_seen: str) -> str:
         """client-go's relistResourceVersion: "" after an unavailable one, "0" at first
         ("" with list snapshots: "0" would come in one page)."""
         if self._unavailable:
@@ -74,7 +74,7 @@ class Pager:
 
     def list(self, last_seen: str, stop: threading.Event) -> Listing | None:
         """Every object, and the resourceVersion to watch from; None when ``stop`` is set."""
-        version = self.resource_version_for(last_seen)
+        version = self._version_for(last_seen)
         try:
             listed = self._list_at(version, stop)
         except ApiError as exc:
@@ -83,7 +83,7 @@ class Pager:
             log.info("resource version unavailable, listing at the latest", informer=self._name,
                      resource_version=version, status=exc.status, reason=exc.reason)
             self._unavailable = True
-            listed = self._list_at(self.resource_version_for(last_seen), stop)
+            listed = self._list_at(self._version_for(last_seen), stop)
         if listed is None:
             return None
         items, listed_version, paginated = listed
@@ -124,15 +124,19 @@ class Pager:
                 page = self._rest.list(self._resource, namespace=self._namespace,
                                        query={**first, "limit": None})
                 self._collect(page, items)
-                return items, _version(page), paginated
+                return items, resource_version(page), paginated
             self._collect(page, items)
             token = (page.get("metadata") or {}).get("continue") or None
-            listed = _version(page)
+            listed = resource_version(page)
             del page  # this page's whole objects go before the next one is decoded
             if token is None:
                 return items, listed, paginated
             query = {**self._selectors, "limit": limit, "continue": token}
             paginated = True
+
+    def keep(self, obj: Object) -> Object | None:
+        """``obj`` as the store keeps it (``store.apply``); None: not kept."""
+        return apply(self._transform, obj, informer=self._name, shared=self._shared)
 
     def _collect(self, page: Mapping[str, Any], items: dict[str, Object]) -> None:
         # List items carry no apiVersion/kind; fill them in so cached objects look the
@@ -145,27 +149,14 @@ class Pager:
                 item["apiVersion"] = api_version
             if kind and "kind" not in item:
                 item["kind"] = kind
-            kept = apply(self._transform, item, informer=self._name, shared=self._shared)
+            kept = self.keep(item)
             if kept is not None:
                 items[object_key(kept)] = kept
 
 
-def _version(page: Mapping[str, Any]) -> str:
-    return str((page.get("metadata") or {}).get("resourceVersion", ""))
-
-
 def lists_from_snapshots(rest: RestClient, *, pages: str = "auto") -> bool:
-    """Whether to list in pages served by the watch cache: ``pages="off"`` never (no
-    request: the rules that spare etcd on every server); ``"auto"`` when the server's
-    ``/version`` says 1.34 or later (its major/minor, else its gitVersion; False when it
-    does not say). Asked once per process.
-
-    Why a switch: on 1.34+ a continue page comes from the cache only while the answering
-    apiserver still holds the first page's snapshot: not with ListFromCacheSnapshot
-    turned off, nor when a load balancer sends the pages of one list to different
-    apiservers. There the pages after the first are read from etcd."""
-    if pages not in LIST_PAGES:
-        raise ValueError(f"list pages must be one of {', '.join(LIST_PAGES)}")
+    """Whether to list in pages served by the watch cache (``--list-pages``): never with
+    "off" (no request); with "auto" when ``/version`` says 1.34 or later. Asked once."""
     if pages == "off":
         return False
     try:
@@ -174,29 +165,9 @@ def lists_from_snapshots(rest: RestClient, *, pages: str = "auto") -> bool:
         log.info("server version unknown: lists of the watch cache come in one page",
                  error=str(exc))
         return False
-    major, minor = _leading_int(info.get("major")), _leading_int(info.get("minor"))
-    if major is None or minor is None:  # some servers fill in gitVersion only
-        major, minor = _git_version(info.get("gitVersion"))
-    snapshots = major is not None and minor is not None and (major, minor) >= (
-        1, SNAPSHOT_MINOR)
+    found = (_MAJOR_MINOR.match(f"{info.get('major') or ''}.{info.get('minor') or ''}")
+             or _MAJOR_MINOR.match(str(info.get("gitVersion") or "")))  # some say only that
+    snapshots = found is not None and (int(found[1]), int(found[2])) >= (1, SNAPSHOT_MINOR)
     log.info("server version", version=str(info.get("gitVersion", ""))[:40],
              paginated_lists_from_cache=snapshots)
     return snapshots
-
-
-def _git_version(value: Any) -> tuple[int | None, int | None]:
-    """(major, minor) of a gitVersion such as "v1.34.2-eks-1", else (None, None)."""
-    parts = str(value or "").removeprefix("v").split(".")
-    if len(parts) < 2:
-        return None, None
-    return _leading_int(parts[0]), _leading_int(parts[1])
-
-
-def _leading_int(value: Any) -> int | None:
-    """The number a ``/version`` field starts with ("34+" on some managed offerings)."""
-    digits = ""
-    for char in str(value or ""):
-        if not char.isdigit():
-            break
-        digits += char
-    return int(digits) if digits else None

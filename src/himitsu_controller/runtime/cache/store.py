@@ -1,13 +1,13 @@
-"""A thread-safe, indexed cache of Kubernetes objects (raw dicts) keyed "namespace/name".
+"""The informer's cache: a thread-safe, indexed store of raw dicts keyed "namespace/name".
 
-Why a separate module: the informer writes it, while reconcilers, event mappers and
-probes only read it; keeping the read API (``get``/``list``/``keys``/``by_index``) apart
-from the reflector's write path makes that split visible. Mirrors client-go's
-``cache.Indexer``: an index function maps an object to the values it is filed under,
-and ``by_index`` answers "which objects have this value" without scanning the cache.
+* client-go's ``cache.Indexer``: an index function maps an object to the values it is
+  filed under; ``by_index`` finds them without a scan.
+* The informer writes it; everyone else reads. Objects are the very dicts decoded from
+  the apiserver: read-only for callers (deep-copy before changing), as with client-go.
+* What it keeps of each object (``apply``, as controller-runtime's ``TransformFunc``):
+  the store is most of the operator's memory.
 
-Objects are stored and returned as the very dicts decoded from the apiserver: callers
-must treat them as read-only (deep-copy before changing), as with client-go's cache.
+Design: docs/design/informers.md
 """
 
 from __future__ import annotations
@@ -15,17 +15,19 @@ from __future__ import annotations
 import builtins
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import structlog
 
-__all__ = ["IndexFunc", "Store", "object_key"]
+__all__ = ["IndexFunc", "Store", "Transform", "apply", "drop_managed_fields", "intern_strings",
+           "object_key"]
 
 log = structlog.get_logger(__name__)
 
 IndexFunc = Callable[[dict[str, Any]], builtins.list[str]]
 Object = dict[str, Any]
+Transform = Callable[[Object], Object]
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -33,13 +35,57 @@ def object_key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     name = str(metadata.get("name", ""))
     namespace = metadata.get("namespace")
-    # Interned: the store, the work queue and a reconciler's memories then share one
-    # string per object instead of one per event.
+    # Interned: the store, the work queue and memories share one string per object.
     return sys.intern(f"{namespace}/{name}") if namespace else sys.intern(name)
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def drop_managed_fields(obj: Object) -> Object:
+    """``obj`` without ``metadata.managedFields`` (in place)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+def intern_strings(value: Any, values: Collection[str] = ()) -> Any:
+    """``value`` rebuilt with every dict key interned, and every string value of a key in
+    ``values`` (anywhere in it); lists are rebuilt, anything else is kept as it is."""
+    if isinstance(value, dict):
+        out = {}
+        for raw, item in value.items():
+            key = sys.intern(raw) if type(raw) is str else raw
+            if type(item) is str and key in values:
+                out[key] = sys.intern(item)
+            elif isinstance(item, dict | list):
+                out[key] = intern_strings(item, values)
+            else:
+                out[key] = item
+        return out
+    if isinstance(value, list):
+        return [intern_strings(item, values) if isinstance(item, dict | list) else item
+                for item in value]
+    return value
+
+
+def apply(transform: Transform | None, obj: Object, *, informer: str,
+          shared: Collection[str] = ()) -> Object | None:
+    """``obj`` as the store keeps it (the values of the fields ``shared`` names interned);
+    None when ``transform`` fails (logged): not kept whole, as a transform may exist to
+    keep data (a Secret's values) out of memory."""
+    obj = drop_managed_fields(obj)
+    try:
+        kept = obj if transform is None else transform(obj)
+        return intern_strings(kept, shared)  # type: ignore[no-any-return]
+    except Exception:
+        found = obj.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        log.exception("informer transform failed; object not cached", informer=informer,
+                      namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")))
+        return None
 
 
 class Store:
@@ -51,8 +97,6 @@ class Store:
         self._indexers: dict[str, IndexFunc] = dict(indexers or {})
         self._indices: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
 
-    # Reads.
-
     def get(self, key: str) -> Object | None:
         with self._lock:
             return self._items.get(key)
@@ -61,15 +105,9 @@ class Store:
         with self._lock:
             return builtins.list(self._items)
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
     def by_index(self, index: str, value: str) -> builtins.list[Object]:
         """Objects filed under ``value`` by the indexer ``index`` (KeyError if unknown)."""
         with self._lock:
-            if index not in self._indices:
-                raise KeyError(f"no indexer named {index!r}")
             keys = self._indices[index].get(value, ())
             return [self._items[key] for key in sorted(keys)]
 
@@ -92,7 +130,8 @@ class Store:
             if old is not None:
                 self._unfile(key, old)
             self._items[key] = obj
-            self._file_all(key, obj)
+            for name in self._indexers:
+                self._file(name, key, obj)
             return old
 
     def delete(self, key: str) -> Object | None:
@@ -104,10 +143,8 @@ class Store:
 
     def replace(self, items: Mapping[str, Object],
                 ) -> tuple[builtins.list[tuple[Object | None, Object]], builtins.list[Object]]:
-        """Swap in a fresh listing; return ((old or None, new) in listing order, deleted).
-
-        An object whose resourceVersion did not change is neither reported nor replaced.
-        """
+        """Swap in a fresh listing: ((old or None, new) in listing order, deleted), leaving
+        out (and in place) an object whose resourceVersion did not change."""
         changed: builtins.list[tuple[Object | None, Object]] = []
         with self._lock:
             for key, obj in items.items():
@@ -119,10 +156,6 @@ class Store:
             vanished = [key for key in self._items if key not in items]
             deleted = [obj for obj in (self.delete(key) for key in vanished) if obj is not None]
         return changed, deleted
-
-    def _file_all(self, key: str, obj: Object) -> None:
-        for name in self._indexers:
-            self._file(name, key, obj)
 
     def _file(self, name: str, key: str, obj: Object) -> None:
         for value in self._index_values(name, obj):
@@ -141,9 +174,7 @@ class Store:
     def _index_values(self, name: str, obj: Object) -> Iterable[str]:
         try:
             return builtins.list(self._indexers[name](obj))
-        except Exception:
-            # A buggy index function must not take the informer down; the object is
-            # simply not filed under that index.
+        except Exception:  # a buggy index function must not take the informer down
             log.exception("index function failed", index=name, key=object_key(obj))
             return ()
 

@@ -1,12 +1,11 @@
 """Where the apiserver is and who we are to it: the in-cluster account, or a kubeconfig.
 
 * Sources in kubectl's order: ``--kubeconfig``, ``$KUBECONFIG``, in-cluster, ``~/.kube/config``.
-* In a pod (the deployed path, ours and minimal): ``https://$KUBERNETES_SERVICE_HOST:PORT``,
-  the ServiceAccount's CA and its token file re-read (``credentials.TokenFile``).
-  Nothing else is imported, so the image need not carry the ``kubernetes`` package.
-* Elsewhere: the ``kubernetes`` package's kubeconfig loader (the ``kubeconfig`` extra),
-  imported only then. Exec plugins, auth providers, client certificates and proxies are
-  its job; our transport asks its Configuration for the current Authorization header.
+* In a pod (the deployed path, ours and minimal): the service's address, the
+  ServiceAccount's CA and its token file, re-read once a minute as client-go does and at
+  once after a 401; the ``kubernetes`` package is not imported.
+* Elsewhere: that package's kubeconfig loader, imported only then (exec plugins, auth
+  providers, client certificates and proxies are its job).
 * Every failure is a ``ConfigError``: one line naming the source, never a credential.
 """
 
@@ -14,41 +13,125 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from himitsu_controller.runtime.client.credentials import Auth, CredentialError, TokenFile
-from himitsu_controller.runtime.client.errors import describe_exception
-from himitsu_controller.runtime.client.httpclient import ClientConfig, ConfigError, HttpClient
+import structlog
 
-__all__ = ["ConfigError", "load_api_client", "load_client_config", "new_api_client"]
+from himitsu_controller.runtime.client.errors import TransportError, describe_exception
 
-# Module attributes so tests can point them at temporary files.
+__all__ = ["NO_CREDENTIALS", "Auth", "ClientConfig", "ConfigError", "Credentials",
+           "StaticCredentials", "TokenFile", "bearer", "load_client_config"]
+
+log = structlog.get_logger(__name__)
+
 SERVICE_ACCOUNT_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path)
 SERVICE_ACCOUNT_CA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 IN_CLUSTER = "in-cluster service account"
 NO_KUBERNETES = ("out-of-cluster configuration needs the kubernetes package: "
                  "pip install 'himitsu-controller[kubeconfig]'")
+TOKEN_FILE_PERIOD = 60.0  # client-go's transport.NewCachedFileTokenSource
 
 
-def load_api_client(kubeconfig: str | None = None, *, pool_maxsize: int = 32,
-                    retries: int = 3) -> HttpClient:
-    """A client for the configured apiserver (see ``load_client_config``).
+@dataclass(frozen=True)
+class Auth:
+    """What a request carries: an Authorization header value."""
 
-    ``pool_maxsize`` bounds the kept-alive connections: every open watch holds one for
-    its life, so size it to watches + workers + a few. ``retries``: see ``new_retry``.
-    """
-    return new_api_client(load_client_config(kubeconfig), pool_maxsize=pool_maxsize,
-                          retries=retries)
+    authorization: str | None = field(default=None, repr=False)
 
 
-def new_api_client(config: ClientConfig, *, pool_maxsize: int = 32,
-                   retries: int = 3) -> HttpClient:
-    """A client on ``config``; ConfigError (naming the source) if its TLS material is bad."""
-    try:
-        return HttpClient(config, pool_maxsize=pool_maxsize, retries=retries)
-    except ConfigError as exc:
-        raise ConfigError(f"cannot load Kubernetes configuration from "
-                          f"{config.source or config.host}: {exc}") from None
+class Credentials(Protocol):
+    """``current()``: what to send now (TransportError: nothing, the request is not sent);
+    ``refused()``: a 401 to it.
+    Asked once per transport refresh (about a second), from many threads."""
+
+    def current(self) -> Auth: ...
+
+    def refused(self, auth: Auth) -> None: ...
+
+
+@dataclass(frozen=True)
+class StaticCredentials:
+    """The same credentials for good (a bearer token, or none)."""
+
+    auth: Auth
+
+    def current(self) -> Auth:
+        return self.auth
+
+    def refused(self, auth: Auth) -> None:
+        pass
+
+
+NO_CREDENTIALS = StaticCredentials(Auth())
+
+
+def bearer(token: str) -> StaticCredentials:
+    return StaticCredentials(Auth(f"Bearer {token}"))
+
+
+def read_token(path: str) -> Auth:
+    """The bearer token in ``path``; OSError or ValueError (naming the path only)."""
+    with open(path, encoding="utf-8") as file:
+        token = file.read().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in token):
+        raise ValueError(f"token file {path} contains a control character")
+    return Auth(f"Bearer {token}")
+
+
+class TokenFile:
+    """A bearer token file, re-read every ``period`` seconds and after a 401. A failed
+    first read raises (OSError/ValueError); a later one keeps the last token (logged,
+    path only), as client-go does: a rotation in progress must not stop every request."""
+
+    def __init__(self, path: str, *, period: float = TOKEN_FILE_PERIOD,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._period = period
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._auth = read_token(path)
+        self._next_read = clock() + period
+
+    def current(self) -> Auth:
+        with self._lock:
+            now = self._clock()
+            if now >= self._next_read:
+                self._next_read = now + self._period
+                try:
+                    self._auth = read_token(self.path)
+                except (OSError, ValueError, UnicodeDecodeError) as exc:
+                    log.warning("cannot re-read the token file, keeping the last token",
+                                path=self.path, error=type(exc).__name__)
+            return self._auth
+
+    def refused(self, auth: Auth) -> None:
+        with self._lock:
+            if auth == self._auth:  # not a token already replaced meanwhile
+                self._next_read = float("-inf")
+
+
+class ConfigError(Exception):
+    """No usable Kubernetes client configuration (one-line message, no credentials)."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where the apiserver is, how to trust it, who we are to it."""
+
+    host: str  # https://host:port, maybe with a path prefix (a proxying gateway's)
+    credentials: Credentials = NO_CREDENTIALS
+    ca_file: str | None = None
+    verify: bool = True  # False: insecure-skip-tls-verify
+    tls_server_name: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    proxy: str | None = field(default=None, repr=False)  # http(s)://[user:password@]host:port
+    source: str = ""  # where it was loaded from, for messages
 
 
 def load_client_config(kubeconfig: str | None = None) -> ClientConfig:
@@ -65,18 +148,13 @@ def load_client_config(kubeconfig: str | None = None) -> ClientConfig:
         if not any(os.path.exists(p) for p in env):
             raise ConfigError(f"KUBECONFIG={source[:200]}: none of its files exists")
         return _from_kubeconfig(source)
-    if in_cluster():
+    if (os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
+            and os.path.isfile(SERVICE_ACCOUNT_TOKEN_PATH)):
         return in_cluster_config()
     if os.path.isfile(default):
         return _from_kubeconfig(default)
     raise ConfigError("no Kubernetes configuration: pass --kubeconfig, set KUBECONFIG,"
                       " run in a pod, or create ~/.kube/config")
-
-
-def in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")
-                and os.environ.get("KUBERNETES_SERVICE_PORT")
-                and os.path.isfile(SERVICE_ACCOUNT_TOKEN_PATH))
 
 
 def in_cluster_config() -> ClientConfig:
@@ -85,22 +163,19 @@ def in_cluster_config() -> ClientConfig:
     port = os.environ["KUBERNETES_SERVICE_PORT"]
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
+    unusable = f"cannot load Kubernetes configuration from {IN_CLUSTER}: "
     if not os.path.isfile(SERVICE_ACCOUNT_CA_PATH):
-        raise ConfigError(f"cannot load Kubernetes configuration from {IN_CLUSTER}: "
-                          f"no CA file at {SERVICE_ACCOUNT_CA_PATH}")
+        raise ConfigError(f"{unusable}no CA file at {SERVICE_ACCOUNT_CA_PATH}")
     try:
         token = TokenFile(SERVICE_ACCOUNT_TOKEN_PATH)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot load Kubernetes configuration from {IN_CLUSTER}: "
-                          f"{describe_exception(exc)}") from None
+        raise ConfigError(unusable + describe_exception(exc)) from None
     return ClientConfig(host=f"https://{host}:{port}", credentials=token,
                         ca_file=SERVICE_ACCOUNT_CA_PATH, source=IN_CLUSTER)
 
 
 class ConfigurationCredentials:
-    """The Authorization header of a ``kubernetes`` Configuration, as its loader keeps it:
-    its refresh hook (run by ``get_api_key_with_prefix``) reloads a credential that has
-    an expiry (an exec plugin's, an auth provider's) once it is near."""
+    """A ``kubernetes`` Configuration's Authorization header (its loader refreshes it)."""
 
     def __init__(self, configuration: Any) -> None:
         self._configuration = configuration
@@ -111,8 +186,7 @@ class ConfigurationCredentials:
             try:
                 value = self._configuration.get_api_key_with_prefix("BearerToken")
             except Exception as exc:  # the loader's refresh raises many types
-                raise CredentialError(f"kubeconfig credentials: {type(exc).__name__}",
-                                      ) from None
+                raise TransportError(f"kubeconfig credentials: {type(exc).__name__}") from None
         return Auth(str(value) if value else None)
 
     def refused(self, auth: Auth) -> None:
@@ -134,11 +208,9 @@ def _from_kubeconfig(source: str) -> ClientConfig:
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: "
                           f"{describe_exception(exc)}") from None
     host = configuration.host
-    proxy = configuration.proxy
-    if proxy and should_bypass_proxies(host, configuration.no_proxy or ""):
-        proxy = None
+    bypass = should_bypass_proxies(host, configuration.no_proxy or "")
     return ClientConfig(host=host, credentials=ConfigurationCredentials(configuration),
                         ca_file=configuration.ssl_ca_cert, verify=configuration.verify_ssl,
                         tls_server_name=configuration.tls_server_name,
                         cert_file=configuration.cert_file, key_file=configuration.key_file,
-                        proxy=proxy, source=source)
+                        proxy=None if bypass else configuration.proxy, source=source)

@@ -74,13 +74,10 @@ class WriteRefused(TransportError):
 
 
 class ApiError(Exception):
-    """A non-2xx answer from the apiserver, described by its Status object.
-
-    ``message`` comes from the Status object only, never from the request body, and is
-    redacted (``redact_values``), so it cannot echo the data we sent (Secret values).
-    ``details``: the Status ``details`` kind, name and group (strings; absent: not given),
-    which tell the apiserver's own AlreadyExists from a webhook's denial with that reason.
-    """
+    """A non-2xx answer from the apiserver, described by its Status object only (never the
+    request body), its message redacted (``redact_values``). ``details``: the Status
+    details' kind, name and group, which tell the apiserver's own AlreadyExists from a
+    webhook's denial with that reason; ``causes``: their reasons, never their messages."""
 
     def __init__(self, status: int, reason: str, message: str, *,
                  retry_after: float | None = None, causes: tuple[str, ...] = (),
@@ -91,39 +88,40 @@ class ApiError(Exception):
         self.reason = reason
         self.message = message
         self.retry_after = retry_after
-        # The Status's details.causes[].reason (e.g. "ResourceVersionTooLarge"); their
-        # messages and fields are not kept (a validation cause may quote a value).
         self.causes = causes
         self.details: Mapping[str, str] = dict(details or {})
 
     @classmethod
     def from_response(cls, status: int, body: bytes,
                       headers: Mapping[str, str] | None = None) -> ApiError:
-        reason = _REASON_BY_STATUS.get(status, "Unknown")
-        message = f"the server responded with status {status}"
-        details: dict[str, str] = {}
         try:
             decoded = json.loads(body) if body else None
         except ValueError:
             decoded = None
-        causes: tuple[str, ...] = ()
-        if isinstance(decoded, dict) and decoded.get("kind") == "Status":
-            reason = str(decoded.get("reason") or reason)
-            message = str(decoded.get("message") or message)
-            causes = _cause_reasons(decoded)
-            details = _details(decoded)
-        retry_after = _parse_retry_after((headers or {}).get("Retry-After"))
-        return cls(status, reason, message, retry_after=retry_after, causes=causes,
-                   details=details)
+        if not isinstance(decoded, dict) or decoded.get("kind") != "Status":
+            decoded = {}
+        return cls._of(status, decoded, f"the server responded with status {status}",
+                       retry_after=_parse_retry_after((headers or {}).get("Retry-After")))
 
     @classmethod
     def from_status(cls, status_object: Mapping[str, Any]) -> ApiError:
         """An ApiError from a Status carried in a watch ERROR event."""
         code = int(status_object.get("code") or 500)
-        reason = str(status_object.get("reason") or _REASON_BY_STATUS.get(code, "Unknown"))
-        message = str(status_object.get("message") or f"watch error {code}")
-        return cls(code, reason, message, causes=_cause_reasons(status_object),
-                   details=_details(status_object))
+        return cls._of(code, status_object, f"watch error {code}")
+
+    @classmethod
+    def _of(cls, code: int, status: Mapping[str, Any], message: str, *,
+            retry_after: float | None = None) -> ApiError:
+        found = status.get("details")
+        details: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        causes = details.get("causes")
+        return cls(code, str(status.get("reason") or _REASON_BY_STATUS.get(code, "Unknown")),
+                   str(status.get("message") or message), retry_after=retry_after,
+                   causes=tuple(str(c["reason"]) for c in causes
+                                if isinstance(c, dict) and c.get("reason"))
+                   if isinstance(causes, list) else (),
+                   details={k: details[k] for k in ("kind", "name", "group")
+                            if isinstance(details.get(k), str)})
 
 
 def is_resource_expired(exc: ApiError) -> bool:
@@ -132,54 +130,28 @@ def is_resource_expired(exc: ApiError) -> bool:
 
 
 def is_too_large_resource_version(exc: ApiError) -> bool:
-    """client-go's isTooLargeResourceVersionError: a list or watch asked for a
-    resourceVersion newer than the server has (e.g. after etcd was restored from a backup).
-
-    Servers since 1.18.6 say so with a cause; older ones only in a 504 Timeout's message.
-    """
+    """client-go's isTooLargeResourceVersionError (e.g. after an etcd restore): a cause
+    since 1.18.6, before only a 504 Timeout's message."""
     if "ResourceVersionTooLarge" in exc.causes:
         return True
     return exc.reason == "Timeout" and "too large resource version" in exc.message.lower()
-
-
-def _cause_reasons(status_object: Mapping[str, Any]) -> tuple[str, ...]:
-    details = status_object.get("details")
-    causes = details.get("causes") if isinstance(details, dict) else None
-    if not isinstance(causes, list):
-        return ()
-    return tuple(str(c["reason"]) for c in causes if isinstance(c, dict) and c.get("reason"))
-
-
-def _details(status_object: Mapping[str, Any]) -> dict[str, str]:
-    details = status_object.get("details")
-    if not isinstance(details, Mapping):
-        return {}
-    return {k: details[k] for k in ("kind", "name", "group") if isinstance(details.get(k), str)}
 
 
 def redact_values(message: str, *, status: int | None = None) -> str:
     """``message`` without anything that may be a value of the object refused.
 
     A denial by admission is cut after who denied; with ``status`` 400, 403 or 422 a text
-    in none of the apiserver's own shapes is withheld. In what is left every quoted
-    string becomes ``"[redacted]"``, and so does the rest of a message cut inside a quote,
-    except a quoted string right after a resource or kind (the object's name), ``User``,
-    ``resource``, ``API group``, ``the namespace``, a webhook, a policy or its binding,
-    and the list after ``supported values:``.
+    in none of the apiserver's own shapes is withheld. In what is left every quoted string
+    (or the rest of a message cut inside a quote) becomes ``"[redacted]"`` unless it names
+    something (``_NAMING``) or lists supported values.
     """
     denied = _DENIED_BY.search(message)
     if denied is not None:
         message = message[:denied.end()]
     elif status in (400, 403, 422) and _OWN_TEXT.match(message) is None:
         return WITHHELD
-    out: list[str] = []
-    end = 0
-    for match in _QUOTED.finditer(message):
-        out += [message[end:match.start()],
-                match.group() if _kept(message, match) else REDACTED]
-        end = match.end()
-    out.append(message[end:])
-    return "".join(out)
+    return _QUOTED.sub(lambda match: match.group() if _kept(message, match) else REDACTED,
+                       message)
 
 
 def _kept(message: str, match: re.Match[str]) -> bool:
@@ -193,11 +165,8 @@ def _kept(message: str, match: re.Match[str]) -> bool:
 
 
 def _parse_retry_after(value: str | None) -> float | None:
-    # client-go honours only the integer-seconds form.
-    if value is None:
-        return None
-    try:
-        seconds = int(value.strip())
+    try:  # client-go honours only the integer-seconds form
+        seconds = int(value.strip()) if value is not None else -1
     except ValueError:
         return None
     return float(seconds) if seconds >= 0 else None
@@ -205,6 +174,5 @@ def _parse_retry_after(value: str | None) -> float | None:
 
 def describe_exception(exc: BaseException) -> str:
     """One line naming an exception, short enough for a log field or an error string."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
+    first = next(iter(str(exc).strip().splitlines()), "")
     return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__

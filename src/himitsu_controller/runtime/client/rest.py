@@ -1,7 +1,7 @@
 """Raw JSON to the apiserver over our own HTTP transport, with client-go's client-side rules.
 
-* Why not the ``kubernetes`` client: its generated models are slower and larger than the
-  JSON dicts, and importing it costs ~16 MiB; the operator needs JSON over one pool.
+* JSON dicts over one urllib3 pool: the ``kubernetes`` client's models are slower and
+  larger, and importing it costs ~16 MiB.
 * client-go's token bucket (QPS/burst) and Retry-After on 429; watches exempt.
 * With leader election every write asks the write gate right before it leaves, is sent
   once and is over (aborted, ``httpdeadline``) by the time the gate gave it.
@@ -13,6 +13,7 @@ Design: docs/design/apiserver-client.md
 from __future__ import annotations
 
 import builtins
+import functools
 import http.client
 import json
 import threading
@@ -27,37 +28,27 @@ import structlog
 import urllib3
 
 from himitsu_controller.runtime.client.config import (
+    ClientConfig,
     ConfigError,
-    load_api_client,
+    bearer,
     load_client_config,
+)
+from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
+from himitsu_controller.runtime.client.transport import (
+    REFRESH_SECONDS,
+    HttpClient,
+    LeanTransport,
+    encode_body,
+    load_api_client,
     new_api_client,
 )
-from himitsu_controller.runtime.client.credentials import bearer
-from himitsu_controller.runtime.client.errors import ApiError, TransportError, WriteRefused
-from himitsu_controller.runtime.client.httpclient import ClientConfig, HttpClient
-from himitsu_controller.runtime.client.transport import REFRESH_SECONDS, LeanTransport, encode_body
 from himitsu_controller.runtime.client.watchstream import WatchStream
 from himitsu_controller.runtime.workqueue import BucketRateLimiter
 
-__all__ = [
-    "APPLY_PATCH",
-    "JSON_PATCH",
-    "MERGE_PATCH",
-    "ApiError",
-    "ClientConfig",
-    "ConfigError",
-    "HttpClient",
-    "Resource",
-    "RestClient",
-    "TokenBucket",
-    "TransportError",
-    "WatchStream",
-    "WriteRefused",
-    "bearer",
-    "load_api_client",
-    "load_client_config",
-    "new_api_client",
-]
+__all__ = ["APPLY_PATCH", "JSON_PATCH", "MERGE_PATCH", "ApiError", "ClientConfig", "ConfigError",
+           "HttpClient", "Resource", "RestClient", "TokenBucket", "TransportError",
+           "WatchStream", "WriteRefused", "bearer", "load_api_client", "load_client_config",
+           "new_api_client"]
 
 log = structlog.get_logger(__name__)
 
@@ -91,9 +82,8 @@ class Resource:
     def path(self, namespace: str | None = None, name: str | None = None,
              subresource: str | None = None) -> str:
         for segment in (namespace, name):
-            # Quoting cannot save these: "" turns a GET of one object into a LIST, and
-            # urllib3 resolves "." and ".." as dot segments, so secrets/.. would read
-            # the Namespace and namespaces/../secrets every Secret in the cluster.
+            # Quoting cannot save these: "" turns a GET into a LIST, and urllib3 resolves
+            # "." and ".." (secrets/.. would read the Namespace).
             if segment is not None and segment in ("", ".", ".."):
                 raise ValueError(f"{segment!r} is not a namespace or object name")
         prefix = f"/api/{self.version}" if self.group == "" else \
@@ -113,8 +103,8 @@ class Resource:
 
 
 class TokenBucket(BucketRateLimiter):
-    """client-go's QPS/burst limiter: the work queue's bucket (reservation semantics), the
-    caller sleeping for its debt outside the lock, so callers are served in arrival order."""
+    """client-go's QPS/burst limiter: the work queue's bucket, callers sleeping for their
+    reservation outside the lock (served in arrival order)."""
 
     def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -132,28 +122,19 @@ class TokenBucket(BucketRateLimiter):
 
 
 def _encode_query(query: Mapping[str, Any] | None) -> str:
-    pairs: list[tuple[str, str]] = []
-    for key, value in (query or {}).items():
-        if value is None:
-            continue
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        pairs.append((key, text))
+    pairs = [(key, ("true" if value else "false") if isinstance(value, bool) else str(value))
+             for key, value in (query or {}).items() if value is not None]
     return urlencode(pairs, quote_via=quote)
 
 
 def _decode(data: bytes) -> dict[str, Any]:
-    if not data:
-        return {}
-    decoded = json.loads(data)
+    decoded = json.loads(data) if data else {}
     return decoded if isinstance(decoded, dict) else {"items": decoded}
 
-class RestClient:
-    """JSON requests to the apiserver with client-go's client-side behaviour.
 
-    Thread-safe: share one per process (and a separate one for leader election, so Lease
-    renewals never queue behind a burst of ordinary requests in the rate limiter). Build
-    the HttpClient with ``load_api_client``/``new_api_client``.
-    """
+class RestClient:
+    """JSON requests to the apiserver with client-go's client-side behaviour; thread-safe.
+    One per process, and the elector's own (renewals never queue behind other requests)."""
 
     def __init__(self, api_client: HttpClient, *, qps: float = 50.0, burst: int = 100,
                  user_agent: str | None = None, max_retries: int = 10,
@@ -161,10 +142,8 @@ class RestClient:
                  write_gate: WriteGate | None = None, request_deadlines: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        """``credentials_refresh``: seconds headers and credentials are reused;
-        ``max_retries``: 429s retried after their Retry-After; ``write_gate``: asked to
-        admit each write; ``request_deadlines``: each request's timeout bounds the whole
-        request, not each socket operation (the leader elector's)."""
+        """``max_retries``: 429s retried after their Retry-After; ``request_deadlines``:
+        each request's timeout bounds the whole request (the leader elector's)."""
         self.api_client = api_client
         self._write_gate = write_gate
         self._request_deadlines = request_deadlines
@@ -175,10 +154,6 @@ class RestClient:
         self._sleep = sleep
         self._counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
-
-    @property
-    def host(self) -> str:
-        return self.api_client.host
 
     @property
     def request_counts(self) -> dict[str, int]:
@@ -193,15 +168,9 @@ class RestClient:
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
                 body: Any = None, content_type: str | None = None, timeout: float = 30.0,
                 verb: str | None = None) -> dict[str, Any]:
-        """Send one request; return the decoded JSON body or raise ApiError/TransportError.
-
-        A 429 carrying Retry-After is retried after that delay, at most ``max_retries``
-        times (as client-go does); anything else non-2xx raises ApiError at once.
-        """
-        method = method.upper()
+        """Send one request: the decoded JSON body, or ApiError/TransportError. A 429 with
+        Retry-After is retried after it, at most ``max_retries`` times (as client-go)."""
         if content_type == JSON_PATCH and not isinstance(body, builtins.list):
-            # A JSON patch is a list of operations: refuse to send anything else (the
-            # kubernetes client's REST layer silently sent a strategic-merge patch).
             raise ValueError("a JSON patch body must be a list of operations")
         verb = verb or _VERB_BY_METHOD.get(method, method.lower())
         attempt = 0
@@ -221,51 +190,35 @@ class RestClient:
                      retry_after=error.retry_after, attempt=attempt)
             self._sleep(error.retry_after)
 
-    def _admit(self, method: str, path: str) -> float | None:
-        """None: not a gated write; else the seconds this write may take in all."""
-        if self._write_gate is None or method not in _WRITE_METHODS:
-            return None
-        allowed = self._write_gate.admit()
-        if allowed is None:
-            raise WriteRefused(f"{method} {path}: not sent, this replica is not leading")
-        return allowed
-
     def _send(self, method: str, path: str, *, query: Mapping[str, Any] | None, body: Any,
               content_type: str | None, timeout: float, verb: str,
               ) -> tuple[int, bytes, Mapping[str, str]]:
-        route = self._transport.route()
         if content_type is None and body is not None:
             content_type = JSON
-        encoded = encode_body(body, content_type)
-        query_text = _encode_query(query)
-        gated = self._admit(method, path)  # the last thing before the request leaves
+        send = functools.partial(self._transport.send, self._transport.route(), method, path,
+                                 _encode_query(query), body=encode_body(body, content_type),
+                                 content_type=content_type)
+        gate = self._write_gate if method in _WRITE_METHODS else None
+        allowed = gate.admit() if gate is not None else None  # the last thing before it leaves
+        if gate is not None and allowed is None:
+            raise WriteRefused(f"{method} {path}: not sent, this replica is not leading")
         self._count(verb)
-        if gated is None:
-            return self._transport.send(route, method, path, query_text, body=encoded,
-                                        content_type=content_type, timeout=timeout,
-                                        deadline=self._request_deadlines)
-        # A gated write: sent once, and over (aborted if need be) when the gate said;
-        # the gate counts it in flight until then.
-        assert self._write_gate is not None
+        if gate is None or allowed is None:
+            return send(timeout=timeout, deadline=self._request_deadlines)
+        # Sent once, and over (aborted if need be) when the gate said; in flight until then.
         answered = False
         try:
-            answer = self._transport.send(route, method, path, query_text, body=encoded,
-                                          content_type=content_type,
-                                          timeout=min(timeout, gated), deadline=True,
-                                          once=True)
+            answer = send(timeout=min(timeout, allowed), deadline=True, once=True)
             answered = True
             return answer
         finally:
-            self._write_gate.done(answered=answered)
+            gate.done(answered=answered)
 
     def watch(self, path: str, *, query: Mapping[str, Any] | None = None,
-              read_timeout: float = 90.0, connect_timeout: float = 10.0) -> WatchStream:
+              read_timeout: float = 90.0) -> WatchStream:
         """Open a watch (not rate limited); the caller iterates and closes the stream."""
-        watch_query = dict(query or {})
-        watch_query["watch"] = "true"
         self._count("watch")
-        response = self._transport.open("GET", path, _encode_query(watch_query),
-                                        connect_timeout=connect_timeout,
+        response = self._transport.open(path, _encode_query({**(query or {}), "watch": "true"}),
                                         read_timeout=read_timeout)
         if not 200 <= response.status < 300:
             try:
@@ -278,32 +231,24 @@ class RestClient:
         assert isinstance(response, urllib3.HTTPResponse)
         return WatchStream(response)
 
-    # Convenience verbs on a Resource. The namespace defaults to the body's own.
+    # Convenience verbs on a Resource (the verb counted is the method's, but for list).
+    # The namespace defaults to the body's own.
 
     def get(self, resource: Resource, name: str, *, namespace: str | None = None,
-            query: Mapping[str, Any] | None = None, subresource: str | None = None,
             timeout: float = 30.0) -> dict[str, Any]:
-        return self.request("GET", resource.path(namespace, name, subresource), query=query,
-                            timeout=timeout, verb="get")
+        return self.request("GET", resource.path(namespace, name), timeout=timeout)
 
     def create(self, resource: Resource, body: Mapping[str, Any], *,
-               namespace: str | None = None, query: Mapping[str, Any] | None = None,
-               timeout: float = 30.0) -> dict[str, Any]:
+               namespace: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
         namespace = namespace if namespace is not None else _body_namespace(resource, body)
-        return self.request("POST", resource.path(namespace), query=query, body=body,
-                            timeout=timeout, verb="create")
+        return self.request("POST", resource.path(namespace), body=body, timeout=timeout)
 
     def update(self, resource: Resource, body: Mapping[str, Any], *,
-               namespace: str | None = None, name: str | None = None,
-               subresource: str | None = None, query: Mapping[str, Any] | None = None,
-               timeout: float = 30.0) -> dict[str, Any]:
+               namespace: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
         """PUT; the body's metadata.resourceVersion makes it conditional (409 if stale)."""
         namespace = namespace if namespace is not None else _body_namespace(resource, body)
-        name = name if name is not None else str(body.get("metadata", {}).get("name", ""))
-        if not name:
-            raise ValueError("update needs a name (argument or body metadata.name)")
-        return self.request("PUT", resource.path(namespace, name, subresource), query=query,
-                            body=body, timeout=timeout, verb="update")
+        name = str(body.get("metadata", {}).get("name", ""))
+        return self.request("PUT", resource.path(namespace, name), body=body, timeout=timeout)
 
     def patch(self, resource: Resource, name: str, patch: Any, *,
               namespace: str | None = None, content_type: str = MERGE_PATCH,
@@ -311,14 +256,11 @@ class RestClient:
               timeout: float = 30.0) -> dict[str, Any]:
         """PATCH with a merge (default), JSON or apply (pass fieldManager in query) patch."""
         return self.request("PATCH", resource.path(namespace, name, subresource), query=query,
-                            body=patch, content_type=content_type, timeout=timeout,
-                            verb="patch")
+                            body=patch, content_type=content_type, timeout=timeout)
 
     def delete(self, resource: Resource, name: str, *, namespace: str | None = None,
-               body: Mapping[str, Any] | None = None, query: Mapping[str, Any] | None = None,
                timeout: float = 30.0) -> dict[str, Any]:
-        return self.request("DELETE", resource.path(namespace, name), query=query, body=body,
-                            timeout=timeout, verb="delete")
+        return self.request("DELETE", resource.path(namespace, name), timeout=timeout)
 
     # Last: a method named ``list`` shadows the builtin for annotations below it.
     def list(self, resource: Resource, *, namespace: str | None = None,
@@ -329,7 +271,5 @@ class RestClient:
 
 
 def _body_namespace(resource: Resource, body: Mapping[str, Any]) -> str | None:
-    if not resource.namespaced:
-        return None
-    namespace = body.get("metadata", {}).get("namespace")
+    namespace = body.get("metadata", {}).get("namespace") if resource.namespaced else None
     return str(namespace) if namespace else None

@@ -8,9 +8,9 @@ Design: docs/design/apiserver-client.md
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -24,21 +24,13 @@ __all__ = ["WatchDecodeError", "WatchStream"]
 
 
 class WatchDecodeError(Exception):
-    """The stream is intact but sent something that is not a watch event.
-
-    Apart from TransportError because client-go answers the two differently: a broken
-    connection is resumed from the last resourceVersion, garbage means a relist.
-    """
+    """The stream is intact but sent something that is not a watch event (client-go
+    relists then, while a broken connection, a TransportError, is resumed)."""
 
 
 class WatchStream:
-    """The events of one watch request, decoded line by line.
-
-    Iterating yields event dicts (``type``, ``object``) until the server ends the stream
-    (StopIteration), the connection breaks (TransportError) or a line is no event
-    (WatchDecodeError). ``close()`` may be called
-    from any thread and ends the iteration promptly and quietly.
-    """
+    """Event dicts (``type``, ``object``) until the server ends the stream (StopIteration),
+    the connection breaks (TransportError) or a line is no event (WatchDecodeError)."""
 
     def __init__(self, response: urllib3.HTTPResponse) -> None:
         self._response = response
@@ -75,38 +67,26 @@ class WatchStream:
         return self._closed.is_set()
 
     def close(self) -> None:
-        """Abort the stream; safe from another thread while one is blocked reading."""
+        """Abort the stream, promptly and quietly, even from another thread."""
         if self._closed.is_set():
             return
         self._closed.set()
-        try:
-            shutdown = getattr(self._response, "shutdown", None)
-            if shutdown is not None:  # urllib3 >= 2.3
-                shutdown()
-            else:
-                connection = self._response.connection
-                sock = getattr(connection, "sock", None)
-                if sock is not None:
-                    sock.shutdown(socket.SHUT_RDWR)
-        except (OSError, ValueError, RuntimeError, AttributeError):
-            pass  # already released or closed: nothing left to wake
+        # Wakes a thread blocked reading; if already released, there is nothing to wake.
+        with contextlib.suppress(OSError, ValueError, RuntimeError, AttributeError):
+            self._response.shutdown()
 
     def _read_lines(self) -> Iterator[bytes]:
-        buffer = bytearray()
+        buffer = b""
         try:
             for chunk in self._chunks():
-                buffer += chunk
-                newline = buffer.find(b"\n")
-                while newline >= 0:
-                    line = bytes(buffer[:newline])
-                    del buffer[: newline + 1]
-                    if line.strip() and not self._closed.is_set():
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                for line in lines:
+                    if self._closed.is_set():
+                        return
+                    if line.strip():
                         yield line
-                    newline = buffer.find(b"\n")
-                if self._closed.is_set():
-                    return
             if buffer.strip() and not self._closed.is_set():
-                yield bytes(buffer)
+                yield buffer
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
             if self._closed.is_set():
                 return
@@ -117,13 +97,8 @@ class WatchStream:
     def _chunks(self) -> Iterator[bytes]:
         response = self._response
         if response.chunked and response.supports_chunked_reads():
-            yield from response.read_chunked(decode_content=True)
-            return
-        while True:
-            data = response.read1(65536)
-            if not data:
-                return
-            yield data
+            return response.read_chunked(decode_content=True)
+        return iter(lambda: response.read1(65536), b"")
 
     def _release(self) -> None:
         with self._release_lock:

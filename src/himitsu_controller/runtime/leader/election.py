@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -118,10 +118,6 @@ def micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class LeaderElector:
     """Campaigns for one Lease and runs callbacks when leadership starts and stops."""
 
@@ -130,7 +126,7 @@ class LeaderElector:
                  on_stopped_leading: Callable[[], None],
                  gate: WriteGate | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], datetime] = _utc_now,
+                 wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  rng: Callable[[], float] = random.random,
                  wait: Callable[[threading.Event, float], bool] | None = None) -> None:
         """``gate`` (on the same clock) is opened while this replica may write;
@@ -139,6 +135,7 @@ class LeaderElector:
         self.gate = gate if gate is not None else WriteGate(clock=clock)
         self._wait = wait if wait is not None else threading.Event.wait
         self.config = config
+        self._lease_id = f"{config.namespace}/{config.name}"  # for logs
         self._on_started_leading = on_started_leading
         self._on_stopped_leading = on_stopped_leading
         self._clock = clock
@@ -158,43 +155,39 @@ class LeaderElector:
 
     def run(self, stop: threading.Event) -> bool:
         """Campaign, lead, and return: True on a requested stop, False if leadership was lost.
-
-        on_started_leading must return promptly (start threads, don't block): renewals
-        happen on this thread.
-        """
+        on_started_leading must return promptly: renewals happen on this thread."""
         self._set_leading(False)
-        log.info("campaigning for leadership", lease=self._lease_name(),
+        log.info("campaigning for leadership", lease=self._lease_id,
                  identity=self.config.identity)
         if not self._acquire(stop):
             return True
         self._set_leading(True)
-        log.info("became leader", lease=self._lease_name(), identity=self.config.identity)
+        log.info("became leader", lease=self._lease_id, identity=self.config.identity)
+        stopped: bool | None = None  # None: on_started_leading failed
         try:
             try:
                 self._on_started_leading()
             except Exception:
                 log.exception("on_started_leading failed: giving up leadership")
-                self.gate.close()
-                self._set_leading(False)
-                self._call_stopped()
-                return False
-            stopped = self._renew_loop(stop)
+            else:
+                stopped = self._renew_loop(stop)
         finally:
             self.gate.close()  # before anything else, however we leave: no write from here
         self._set_leading(False)
         if stopped:
             self._release()
-        else:
+        elif stopped is False:
             log.error("leadership lost: could not renew the lease in time",
-                      lease=self._lease_name(), renew_deadline=self.config.renew_deadline)
-        self._call_stopped()
-        return stopped
+                      lease=self._lease_id, renew_deadline=self.config.renew_deadline)
+        try:
+            self._on_stopped_leading()
+        except Exception:
+            log.exception("on_stopped_leading failed")
+        return bool(stopped)
 
     def try_acquire_or_renew(self, *, timeout: float | None = None) -> bool:
         """One attempt (client-go's tryAcquireOrRenew); True if we hold the Lease after it.
-
-        All its requests share one deadline, ``timeout`` (default renew_deadline) from now.
-        """
+        Its requests share one deadline, ``timeout`` (default renew_deadline) from now."""
         deadline = self._clock() + (timeout if timeout is not None
                                     else self.config.renew_deadline)
         stamp = micro_time(self._wall_clock())
@@ -203,8 +196,8 @@ class LeaderElector:
         # Fast path: a leader with a still-valid lease updates its last known Lease
         # directly, one request instead of two. Any failure falls back to reading it.
         if observed is not None and self._holds(observed) and self._lease_valid():
-            renewal = _Record(desired.holder, desired.duration, observed.acquire_time, stamp,
-                              observed.transitions)
+            renewal = replace(desired, acquire_time=observed.acquire_time,
+                              transitions=observed.transitions)
             if self._write(renewal, deadline=deadline, quiet=True):
                 return True
         found, spec = self._read(deadline=deadline)
@@ -213,17 +206,14 @@ class LeaderElector:
         if spec is None:
             return False
         observed = self._observe(spec)
-        if observed.holder and not self._holds(observed) and self._lease_valid():
-            return False  # someone else holds a lease that has not expired for us
         if self._holds(observed):
-            desired = _Record(desired.holder, desired.duration, observed.acquire_time, stamp,
-                              observed.transitions)
+            desired = replace(desired, acquire_time=observed.acquire_time,
+                              transitions=observed.transitions)
+        elif observed.holder and self._lease_valid():
+            return False  # someone else holds a lease that has not expired for us
         else:
-            desired = _Record(desired.holder, desired.duration, stamp, stamp,
-                              observed.transitions + 1)
+            desired = replace(desired, transitions=observed.transitions + 1)
         return self._write(desired, deadline=deadline)
-
-    # The loops.
 
     def _acquire(self, stop: threading.Event) -> bool:
         while not stop.is_set():
@@ -235,24 +225,21 @@ class LeaderElector:
         return False
 
     def _renew_loop(self, stop: threading.Event) -> bool:
-        """Renew until stop (True) or until renew_deadline passes without a renewal (False).
-
-        The deadline runs from when the last successful renewal was sent, as the gate's.
-        """
+        """Renew until stop (True) or until renew_deadline passes without a renewal (False),
+        counted from when the last successful renewal was sent, as the gate's."""
         while not self._wait(stop, self.config.retry_period):
-            while True:
-                remaining = self._renewed_at + self.config.renew_deadline - self._clock()
-                if remaining <= 0:
-                    return False
+            deadline = self._renewed_at + self.config.renew_deadline
+            while (remaining := deadline - self._clock()) > 0:
                 if self.try_acquire_or_renew(timeout=remaining):
                     break
                 observed = self._observed
                 if observed is not None and observed.holder and not self._holds(observed):
                     return False  # someone else already holds it: no point retrying
-                deadline = self._renewed_at + self.config.renew_deadline
                 pause = min(self.config.retry_period, max(0.0, deadline - self._clock()))
                 if self._wait(stop, pause):
                     return True
+            else:  # the deadline passed
+                return False
         return True
 
     def _release(self) -> None:
@@ -263,20 +250,20 @@ class LeaderElector:
         # still land. Expiry gives such a write lease_duration after our last renewal.
         if not self.gate.settle(SETTLE_TIMEOUT):
             log.warning("not releasing the lease: writes still in flight, it expires instead",
-                        lease=self._lease_name(), in_flight=self.gate.in_flight)
+                        lease=self._lease_id, in_flight=self.gate.in_flight)
             return
         if self.gate.unanswered_within(self.config.lease_duration):
             log.warning("not releasing the lease: a write got no answer, it expires instead",
-                        lease=self._lease_name())
+                        lease=self._lease_id)
             return
         # Logged BEFORE the write: the gate is closed and settled, so this ends our term
         # (a standby may log "became leader" before we log "released the lease").
-        log.info("releasing the lease", lease=self._lease_name())
+        log.info("releasing the lease", lease=self._lease_id)
         stamp = micro_time(self._wall_clock())
         released = _Record("", 1, stamp, stamp, observed.transitions)
         deadline = self._clock() + min(RELEASE_TIMEOUT, self.config.renew_deadline)
         if self._write(released, deadline=deadline):
-            log.info("released the lease", lease=self._lease_name())
+            log.info("released the lease", lease=self._lease_id)
 
     # Lease I/O. Each request gets what is left until ``deadline``; none once it passed.
 
@@ -292,14 +279,11 @@ class LeaderElector:
         try:
             lease = self._rest.get(LEASES, self.config.name, namespace=self.config.namespace,
                                    timeout=timeout)
-        except ApiError as exc:
-            if exc.status == 404:
-                return False, None
-            log.warning("cannot read the lease", lease=self._lease_name(), error=str(exc))
-            return True, None
         except Exception as exc:
-            log.warning("cannot read the lease", lease=self._lease_name(),
-                        error=describe_exception(exc))
+            if isinstance(exc, ApiError) and exc.status == 404:
+                return False, None
+            log.warning("cannot read the lease", lease=self._lease_id,
+                        error=str(exc) if isinstance(exc, ApiError) else describe_exception(exc))
             return True, None
         self._lease = lease
         spec = lease.get("spec")
@@ -309,36 +293,31 @@ class LeaderElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.config.name, "namespace": self.config.namespace},
                 "spec": desired.to_spec()}
+        return self._store(self._rest.create, body, desired, deadline=deadline,
+                           report=log.info, verb="create")
+
+    def _write(self, record: _Record, *, deadline: float, quiet: bool = False) -> bool:
+        if self._lease is None:
+            return False
+        body = copy.deepcopy(self._lease)
+        body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
+        return self._store(self._rest.update, body, record, deadline=deadline,
+                           report=log.debug if quiet else log.info, verb="update")
+
+    def _store(self, call: Callable[..., dict[str, Any]], body: dict[str, Any],
+               record: _Record, *, deadline: float, report: Callable[..., Any],
+               verb: str) -> bool:
         timeout = self._left(deadline)
         if timeout is None:
             return False
         sent = self._clock()
         try:
-            created = self._rest.create(LEASES, body, namespace=self.config.namespace,
-                                        timeout=timeout)
-        except Exception as exc:  # 409 AlreadyExists: another candidate was first
-            log.info("cannot create the lease", lease=self._lease_name(),
-                     error=describe_exception(exc))
+            stored = call(LEASES, body, namespace=self.config.namespace, timeout=timeout)
+        except Exception as exc:  # 409: another candidate was first, or the Lease changed
+            report(f"cannot {verb} the lease", lease=self._lease_id,
+                   error=describe_exception(exc))
             return False
-        self._accept(created, desired, sent)
-        return True
-
-    def _write(self, record: _Record, *, deadline: float, quiet: bool = False) -> bool:
-        timeout = self._left(deadline)
-        if self._lease is None or timeout is None:
-            return False
-        body = copy.deepcopy(self._lease)
-        body["spec"] = {**(body.get("spec") or {}), **record.to_spec()}
-        sent = self._clock()
-        try:
-            updated = self._rest.update(LEASES, body, namespace=self.config.namespace,
-                                        timeout=timeout)
-        except Exception as exc:  # 409 Conflict: the Lease changed since we read it
-            (log.debug if quiet else log.info)(
-                "cannot update the lease", lease=self._lease_name(),
-                error=describe_exception(exc))
-            return False
-        self._accept(updated, record, sent)
+        self._accept(stored, record, sent)
         return True
 
     def _accept(self, lease: dict[str, Any], record: _Record, sent: float) -> None:
@@ -362,7 +341,7 @@ class LeaderElector:
             record = _Record.from_spec(spec)
             previous = self._observed
             if previous is None or previous.holder != record.holder:
-                log.info("lease holder observed", lease=self._lease_name(),
+                log.info("lease holder observed", lease=self._lease_id,
                          holder=record.holder or None)
             self._observed = record
             self._observed_spec = copy.deepcopy(dict(spec))
@@ -371,9 +350,7 @@ class LeaderElector:
 
     def _lease_valid(self) -> bool:
         observed = self._observed
-        if observed is None:
-            return False
-        return self._observed_time + observed.duration > self._clock()
+        return observed is not None and self._observed_time + observed.duration > self._clock()
 
     def _holds(self, record: _Record) -> bool:
         return record.holder == self.config.identity
@@ -381,12 +358,3 @@ class LeaderElector:
     def _set_leading(self, leading: bool) -> None:
         self._leading = leading
         self._gauge.set(1 if leading else 0)
-
-    def _call_stopped(self) -> None:
-        try:
-            self._on_stopped_leading()
-        except Exception:
-            log.exception("on_stopped_leading failed")
-
-    def _lease_name(self) -> str:
-        return f"{self.config.namespace}/{self.config.name}"

@@ -1,10 +1,9 @@
 """Until when this replica may write: the leader's own, conservative view of its Lease.
 
-* Every write of the reconcilers' and the Event recorder's clients asks ``admit`` right
-  before it is sent; the gate answers from a clock, not from the network.
-* The elector opens it until ``sent + renew_deadline`` after each success and closes it
-  at once on a loss or a release; an admitted write is told how long it may take.
-* It counts writes in flight (``done``) so a release can wait for them (``settle``).
+* Every gated write asks ``admit`` right before it is sent: answered from a clock.
+* The elector opens it until ``sent + renew_deadline`` after each renewal and closes it
+  on a loss or a release; an admitted write is told how long it may take.
+* Writes in flight are counted (``done``), so a release can wait for them (``settle``).
 
 Design: docs/design/leader-election.md
 """
@@ -43,17 +42,14 @@ class WriteGate:
     def remaining(self) -> float:
         """Seconds writes are still allowed for; <= 0 when closed."""
         with self._cond:
-            until = self._until
-        return until - self._clock()
+            return self._until - self._clock()
 
     def is_open(self) -> bool:
         return self.remaining() > 0
 
     def admit(self) -> float | None:
-        """Let one write through now: the seconds it may take in all, or None (closed).
-
-        An admitted write is in flight until ``done``; ``close`` and ``settle`` see it.
-        """
+        """Let one write through now (in flight until ``done``): the seconds it may take
+        in all, or None (closed)."""
         with self._cond:
             now = self._clock()
             if self._until - now <= 0:
@@ -62,8 +58,7 @@ class WriteGate:
             return self._writes_end - now
 
     def done(self, *, answered: bool) -> None:
-        """An admitted write is over; ``answered``: the apiserver's answer came back (not
-        answered: it may still be on its way, or be carried out, after we gave up)."""
+        """An admitted write is over; not ``answered``: it may still land after we gave up."""
         with self._cond:
             self._in_flight -= 1
             if not answered:
