@@ -166,16 +166,16 @@ class StatusWriter:
 
     def _write_if_changed(self, key: str, obj: Mapping[str, Any], status: dict[str, Any],
                           previous: Mapping[str, Any]) -> None:
-        """Write ``status`` unless the object holds it: ``previous`` (ours) while the informer
-        shows the copy our last write was built on, else the informer's; report Ready."""
+        """Write ``status`` unless it is ``previous`` (ours) and the object holds it too: the
+        informer still shows the copy our last write was built on, or shows that status."""
         packed = self._remembered(key, obj)
         lags = packed is not None and packed[1] == (obj.get("metadata") or {}).get(
             "resourceVersion")
-        if {k: v for k, v in status.items() if v is not None} != (
-                previous if lags else obj.get("status") or {}):
-            self._write(key, obj, status)
-        else:
+        desired = {k: v for k, v in status.items() if v is not None}
+        if desired == previous and (lags or desired == (obj.get("status") or {})):
             self._report(obj, previous)
+        else:
+            self._write(key, obj, status)
 
     def _write(self, key: str, obj: Mapping[str, Any], status: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}

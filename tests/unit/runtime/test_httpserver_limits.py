@@ -164,8 +164,10 @@ class _Held(http.server.BaseHTTPRequestHandler):
     """Holds every request until ``release`` is set: each holds its slot, serving."""
 
     release = threading.Event()
+    serving = threading.Semaphore(0)  # one per request whose head is in
 
     def do_GET(self) -> None:
+        self.serving.release()
         self.release.wait(WAIT)
         self.send_response(200)
         self.send_header("Content-Length", "0")
@@ -181,12 +183,15 @@ def test_a_connection_is_refused_503_only_when_every_slot_serves_a_request(
     handle = serve("127.0.0.1:0", _Held, thread_name="held", max_connections=2)
     assert isinstance(handle, HTTPServerHandle)
     _Held.release.clear()
+    _Held.serving = threading.Semaphore(0)
     try:
         for _ in range(2):
             sock = socket.create_connection(("127.0.0.1", handle.port), timeout=WAIT)
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             flood_sockets.append(sock)
-        assert handle.connections.wait_until(lambda c: c.active == 2, WAIT)
+        # Both slots serve a request (its head read), not merely hold a connection: one
+        # still waiting for its head would be evicted, not refused.
+        assert all(_Held.serving.acquire(timeout=WAIT) for _ in range(2))
         with socket.create_connection(("127.0.0.1", handle.port), timeout=WAIT) as refused:
             assert refused.recv(64).startswith(b"HTTP/1.1 503")
         assert (handle.connections.refused, handle.connections.evicted) == (1, 0)
