@@ -32,22 +32,19 @@ NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did no
 
 
 def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
-    """The id to stamp for data ``digest``: the target's while it records these bytes,
-    else the one this process stamped for them last (a change put back), else a new one."""
+    """The id to stamp for data ``digest``: the target's while it holds these bytes (or
+    this process knows it does: its stamps pruned, or it was deleted), else a new one, for
+    bytes put back too: a record must not confirm a value the Secret held before."""
     ann = annotations_of(target)
     if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
         return ann[api.ANN_DATA_ID]
-    return dict(mem.data_ids).get(digest) or token_hex(8)
+    return mem.data_id if mem.data_id and mem.data_digest == digest else token_hex(8)
 
 
 def learn(mem: Memory, secret: Mapping[str, Any] | None, *, since: float | None = None) -> None:
     """The target holds ``secret``'s data id, since ``since`` (None: since before we looked)."""
     ann = annotations_of(secret)
-    new, digest = ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH)
-    if new and new != mem.data_id:
-        mem.data_id, mem.data_since = new, since
-    if new and digest:
-        mem.data_ids = ((digest, new), *(p for p in mem.data_ids if p[0] != digest))[:4]
+    mem.target_holds(ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH), since=since)
 
 
 class Restarts:
@@ -111,13 +108,14 @@ class Restarts:
                 out = self.scheduler.settle((ns, t.kind, t.name), Claim(
                     holder=ctx.owner.name, secret=spec.target.name, data_id=str(held),
                     since=mem.data_since, window=spec.rollout.min_interval,
-                    baseline=NOT_OURS if _on_create(ctx, spec) else str(held)))
+                    baseline=NOT_OURS if _on_create(ctx, spec) or _recorded(before)
+                    else str(held)))
                 if out.wake is not None:
                     wakes.append(out.wake)
                     owed.add((ns, t.kind, t.name))
                 else:  # nothing more owed for this data
                     entry.pop("warning", None)
-                    mem.workloads = {**(mem.workloads or {}), (t.kind, t.name): str(held)}
+                    mem.rolled_out((t.kind, t.name), str(held))
                 if out.message:
                     entry["warning"] = bounded(out.message)
                 elif out.restarted:
@@ -163,6 +161,13 @@ class Restarts:
                 self._kube.record_event(obj, type=kind, reason=reason, message=message)
             except Exception as exc:  # best effort, as every Event
                 log.warning("recording event failed", reason=reason, error=type(exc).__name__)
+
+
+def _recorded(entry: Mapping[str, Any]) -> bool:
+    """The status shows the workload recorded already: without a record now (another tool
+    dropped it), what its pods have is not known, so a restart is owed."""
+    warning = str(entry.get("warning") or "")
+    return bool(entry) and (not warning or warning.startswith(("reading", "restarting")))
 
 
 def _on_create(ctx: Context, spec: api.Spec) -> bool:

@@ -4,7 +4,7 @@ Claims on one workload share a window: due at the earliest ``since + minRestartI
 (at once when ``since`` is unknown: a new process), never within a window of its last
 ``restartedAt``. The restart is one patch, conditional on the resourceVersion just read,
 of ``restartedAt`` and the record of every HimitsuSecret naming the workload, so asking
-again finds the record current. docs/design/restarts.md says why.
+again finds the record current. Failures (409s too) back off. docs/design/restarts.md.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from himitsu_controller import api, metrics
+from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Conflict, KubeError, Workloads
 from himitsu_controller.sync.restarts.references import allowed, refused, unreferenced
 
 __all__ = ["Claim", "Outcome", "Scheduler", "record_of", "stamp"]
 
-RETRY_FIRST, RETRY_CAP = 1.0, 300.0
 CLOCK_SLACK = 1.0  # a restartedAt further ahead of our clock proves nothing (skew, or by hand)
 Key = tuple[str, str, str]  # namespace, kind, name
 # Every HimitsuSecret naming the workload: name -> (its target, the id it holds or None).
@@ -54,7 +54,7 @@ class _Slot:
     claims: dict[str, Claim] = field(default_factory=dict)
     served: dict[str, str] = field(default_factory=dict)  # holder: the id the restart set
     restarted: float = 0.0  # the workload's last restart known here (epoch)
-    failures: int = 0
+    failures: int = 0  # in a row, 409s included: the retries back off
     retry_at: float = 0.0
 
 
@@ -83,12 +83,11 @@ class Scheduler:
                 return Outcome(due)
             try:
                 return self._evaluate(key, slot, claim, now, owed=before is not None)
-            except Conflict:  # the workload changed since it was read: read it again soon
-                slot.retry_at = now + RETRY_FIRST
-                return Outcome(slot.retry_at)
-            except KubeError as exc:
+            except KubeError as exc:  # a 409: the workload changed since it was read
                 slot.failures += 1
-                slot.retry_at = now + min(RETRY_FIRST * 2 ** (slot.failures - 1), RETRY_CAP)
+                slot.retry_at = now + schedule.backoff(slot.failures, 0.0)
+                if isinstance(exc, Conflict):
+                    return Outcome(slot.retry_at)
                 metrics.count_rollout("failed")
                 return Outcome(slot.retry_at, message=f"{refused(*key[1:], exc)}; retrying "
                                "with backoff")
@@ -188,4 +187,3 @@ def _restarted_at(workload: Mapping[str, Any], now: float) -> float:
     when = api.parse_time(str((meta.get("annotations") or {}).get(api.ANN_RESTARTED_AT) or ""))
     at = when.timestamp() if when is not None else 0.0
     return min(at, now) if at <= now + CLOCK_SLACK else 0.0
-
