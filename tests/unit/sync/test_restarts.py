@@ -34,6 +34,7 @@ from reconcile_world import (
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync.polling.schedule import MAX_FAILURE_BACKOFF as RETRY_CAP
 from himitsu_controller.sync.ports import KubeError
 from himitsu_controller.sync.restarts import references
 from himitsu_controller.sync.restarts.scheduler import (
@@ -42,7 +43,6 @@ from himitsu_controller.sync.restarts.scheduler import (
     record_of,
     stamp,
 )
-from himitsu_controller.sync.polling.schedule import MAX_FAILURE_BACKOFF as RETRY_CAP
 from himitsu_controller.sync.target import render
 
 WINDOW = 10.0
