@@ -75,10 +75,9 @@ class Restarts:
         except KubeError as exc:  # the status patch: retried
             log.warning("rollout status update failed", key=ctx.key, error=str(exc))
             wake = self._now() + 1.0
-        if wake is None:
-            return result
-        delay = schedule.requeue_delay(self._now(), wake)
-        if result.requeue_after is not None and 0 < result.requeue_after <= delay:
+        delay = None if wake is None else schedule.requeue_delay(self._now(), wake)
+        if delay is None or (result.requeue_after is not None and
+                             0 < result.requeue_after <= delay):
             return result
         return Result(requeue_after=delay, error=result.error)
 
@@ -86,18 +85,16 @@ class Restarts:
         self.scheduler.release(namespace, name)
 
     def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
-        ns, named, owed = ctx.owner.namespace, spec.rollout.targets, set()
-        previous = self._status.rollout_entries(ctx.key, ctx.obj)
+        ns, owed, entries, wakes = ctx.owner.namespace, set(), [], []
         if mem.data_id is None:  # else as the cached target shows it, when it holds our data
             target = self._kube.get_secret(ns, spec.target.name, cached=True)
             learn(mem, target if holds_own_data(target, owner=ctx.owner, spec=spec) else None)
         held = mem.data_id
-        if held is None and named:
+        if held is None and spec.rollout.targets:
             return None  # what the target holds is not known: nothing is decided
-        old = {(e.get("kind"), e.get("name")): e for e in previous}
-        entries: list[dict[str, Any]] = []
-        wakes: list[float] = []
-        for t in named:
+        old = {(e.get("kind"), e.get("name")): e
+               for e in self._status.rollout_entries(ctx.key, ctx.obj)}
+        for t in spec.rollout.targets:
             before: Mapping[str, Any] = old.get((t.kind, t.name), {})
             entry = {"kind": t.kind, "name": t.name, **{
                 k: before[k] for k in ("lastRestart", "warning") if k in before}}
@@ -106,10 +103,9 @@ class Restarts:
                                     f"{', '.join(api.WORKLOAD_KINDS)}")
             elif (mem.workloads or {}).get((t.kind, t.name)) != held:
                 out = self.scheduler.settle((ns, t.kind, t.name), Claim(
-                    holder=ctx.owner.name, secret=spec.target.name, data_id=str(held),
-                    since=mem.data_since, window=spec.rollout.min_interval,
-                    baseline=NOT_OURS if _on_create(ctx, spec) or _recorded(before)
-                    else str(held)))
+                    ctx.owner.name, spec.target.name, str(held), mem.data_since,
+                    spec.rollout.min_interval, NOT_OURS if _on_create(ctx, spec) or
+                    _recorded(before) else str(held)))
                 if out.wake is not None:
                     wakes.append(out.wake)
                     owed.add((ns, t.kind, t.name))
@@ -139,16 +135,15 @@ class Restarts:
             if spec and any((t.kind, t.name) == key[1:] for t in spec.rollout.targets):
                 owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid")))
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
-                held = holds_own_data(target, owner=owner, spec=spec)
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
-                    api.ANN_DATA_ID) if held else None)
+                    api.ANN_DATA_ID) if holds_own_data(target, owner=owner, spec=spec) else None)
         return found
 
     def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
                 before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
         """An Event when a restart was made for this object, or a warning appears."""
         events, warning = [], str(after.get("warning") or "")
-        if after.get("lastRestart") and after.get("lastRestart") != before.get("lastRestart"):
+        if after.get("lastRestart") not in (None, before.get("lastRestart")):
             events.append(("Normal", "RolloutRestarted", f"Restarted {target.kind} "
                            f"{target.name!r}: the data of Secret {secret!r} changed"))
         if warning and warning != before.get("warning"):

@@ -10,9 +10,8 @@ again finds the record current. Failures (409s too) back off. docs/design/restar
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -29,8 +28,7 @@ Key = tuple[str, str, str]  # namespace, kind, name
 Current = Callable[[Key], Mapping[str, tuple[str, str | None]]]
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     holder: str  # the HimitsuSecret's name
     secret: str  # its target Secret
     data_id: str  # the id of the data the target holds
@@ -40,17 +38,13 @@ class Claim:
 
 
 class Outcome(NamedTuple):
-    """``wake``: when to ask again (None: nothing more is owed for this data);
-    ``restarted``: when the restart that rolled it out was made (0: none was needed)."""
-
-    wake: float | None
-    restarted: float = 0.0
+    wake: float | None  # when to ask again (None: nothing more is owed for this data)
+    restarted: float = 0.0  # when the restart that rolled it out was made (0: none needed)
     message: str = ""  # what went wrong, or why the workload is skipped
 
 
 @dataclass
 class _Slot:
-    lock: threading.Lock = field(default_factory=threading.Lock)
     claims: dict[str, Claim] = field(default_factory=dict)
     served: dict[str, str] = field(default_factory=dict)  # holder: the id the restart set
     restarted: float = 0.0  # the workload's last restart known here (epoch)
@@ -68,7 +62,8 @@ class Scheduler:
     def settle(self, key: Key, claim: Claim) -> Outcome:
         """What becomes of ``claim`` now: read the workload (unless a claim of the same
         holder is known and not due), record it, restart it when due."""
-        with self._locked(key) as slot:
+        with self._lock:  # one for all: restarts are rare, and never two of one workload
+            slot = self._slots.setdefault(key, _Slot())
             now, before = self._now(), slot.claims.get(claim.holder)
             if slot.served.pop(claim.holder, None) == claim.data_id:
                 slot.claims.pop(claim.holder, None)
@@ -76,31 +71,29 @@ class Scheduler:
             if before is not None:
                 if before.data_id != claim.data_id:
                     metrics.count_rollout("coalesced")  # a further change, batched
-                claim = replace(claim, since=before.since)  # the window the first one opened
+                claim = claim._replace(since=before.since)  # the window the first one opened
             slot.claims[claim.holder] = claim
             due = max(self._due(slot), slot.retry_at)
             if before is not None and now < due:
                 return Outcome(due)
             try:
                 return self._evaluate(key, slot, claim, now, owed=before is not None)
-            except KubeError as exc:  # a 409: the workload changed since it was read
+            except KubeError as exc:  # a 409 too (the workload changed since it was read)
                 slot.failures += 1
                 slot.retry_at = now + schedule.backoff(slot.failures, 0.0)
-                if isinstance(exc, Conflict):
-                    return Outcome(slot.retry_at)
-                metrics.count_rollout("failed")
-                return Outcome(slot.retry_at, message=f"{refused(*key[1:], exc)}; retrying "
-                               "with backoff")
+                if not isinstance(exc, Conflict):
+                    metrics.count_rollout("failed")
+                return Outcome(slot.retry_at, message="" if isinstance(exc, Conflict) else
+                               f"{refused(*key[1:], exc)}; retrying with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
         """A workload that has no record for ``holder`` gets ``value``: what its pods have
         (before the target's data changes). KubeError when refused."""
-        with self._locked(key):
+        with self._lock:
             workload = self._workloads.get_workload(*key)
-            if workload is not None and allowed(workload, holder, secret):
-                record = record_of(workload)
-                if holder not in record:
-                    self._patch(key, workload, {**record, holder: value})
+            record = record_of(workload or {})
+            if workload is not None and allowed(workload, holder, secret) and holder not in record:
+                self._patch(key, workload, {**record, holder: value})
 
     def release(self, namespace: str, holder: str, *, keep: frozenset[Key] = frozenset()) -> None:
         """``holder`` owes no restart to the workloads of ``namespace`` but ``keep`` (it
@@ -108,18 +101,10 @@ class Scheduler:
         with self._lock:
             for key in [k for k in self._slots if k[0] == namespace and k not in keep]:
                 slot = self._slots[key]
-                with slot.lock:
-                    slot.claims.pop(holder, None)
-                    slot.served.pop(holder, None)
-                    if not slot.claims and not slot.served:
-                        del self._slots[key]
-
-    @contextmanager
-    def _locked(self, key: Key) -> Iterator[_Slot]:
-        with self._lock:
-            slot = self._slots.setdefault(key, _Slot())
-        with slot.lock:
-            yield slot
+                slot.claims.pop(holder, None)
+                slot.served.pop(holder, None)
+                if not slot.claims and not slot.served:
+                    del self._slots[key]
 
     def _evaluate(self, key: Key, slot: _Slot, claim: Claim, now: float, *, owed: bool,
                   ) -> Outcome:
@@ -149,12 +134,11 @@ class Scheduler:
             return Outcome(None)
         new = {h: i for h, i in record.items() if h in names} | ids
         self._patch(key, workload, new, restart=now)
-        slot.served = {h: i for h, i in new.items() if record.get(h) != i}
+        served = {h: i for h, i in new.items() if record.get(h) != i and h != claim.holder}
         metrics.count_rollout("restarted")
-        metrics.count_rollout("coalesced", len(slot.served) - 1)
+        metrics.count_rollout("coalesced", len(served))
         slot.claims.clear()
-        slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
-        slot.served.pop(claim.holder, None)
+        slot.served, slot.restarted, slot.failures, slot.retry_at = served, now, 0, 0.0
         return Outcome(None, now)
 
     def _due(self, slot: _Slot) -> float:
