@@ -341,6 +341,60 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
     def kube_fails(self, mode: str, count: int) -> None:
         self.world.rest.faults = [mode] * count
 
+    @rule(slot=slots, key=KEY, value=st.sampled_from(["v6", "v7"]))
+    def crash_between_the_secret_write_and_the_restart(self, slot: int, key: str,
+                                                       value: str) -> None:
+        """A change is synced and the operator is SIGKILLed right after writing a Secret:
+        the next process must make the restart owed, once (the oracle's ``restart``)."""
+        obj = self.world.server.get(HSEC, NS, f"h{slot}")
+        if obj is None:
+            return
+        self.world.himitsu.set(api.parse_spec(obj).environment_id, key, value)
+        self.world.rest.crash_after = SECRET
+        self.force_sync(slot)
+
+    @rule(slot=slots, key=KEY, value=st.sampled_from(["v8", "v9"]), after=st.sampled_from(
+        [0.2, 1.0, 2.5]))
+    def leader_change_while_a_restart_is_owed(self, slot: int, key: str, value: str,
+                                              after: float) -> None:
+        """A change is synced, and the Lease moves inside the window: the new leader (all
+        memory lost) restarts once, at once, and the old one never again."""
+        obj = self.world.server.get(HSEC, NS, f"h{slot}")
+        if obj is None:
+            return
+        self.world.himitsu.set(api.parse_spec(obj).environment_id, key, value)
+        self.force_sync(slot)
+        self.world.run_until(self.world.clock.t + after)
+        self.restart()
+
+    @rule(token=TOKEN)
+    def rotate_token(self, token: str) -> None:
+        """The token's owner replaces it with another of the same access: no byte of any
+        target changes, so nothing may restart (the oracle's ``restart``)."""
+        secret = self.world.server.get(SECRET, NS, token)
+        assert secret is not None
+        old = base64.b64decode(secret["data"]["token"]).decode()
+        new = old[:-1] + ("Z" if old[-1] != "Z" else "Y")
+        self.world.himitsu.tokens[new] = self.world.himitsu.tokens[old]
+        secret["data"]["token"] = b64(new)
+        self.world.server.update(SECRET, NS, token, secret)
+        self.oracle.touched()
+        self.world.run_until(self.world.clock.t)
+
+    @rule(slot=slots)
+    def record_dropped_by_another_tool(self, slot: int) -> None:
+        """A GitOps sync drops ``himitsu.io/started-with`` from the workload: at most one
+        needless restart, never a lost one."""
+        deploy = self.world.server.get(DEPLOY, NS, f"w{slot}")
+        annotations = ((deploy or {}).get("metadata") or {}).get("annotations") or {}
+        if deploy is None or api.ANN_STARTED_WITH not in annotations:
+            return
+        del annotations[api.ANN_STARTED_WITH]
+        self.world.server.update(DEPLOY, NS, f"w{slot}", deploy)
+        self.oracle.rollout.record_dropped(f"w{slot}")
+        self.oracle.touched()
+        self.world.run_until(self.world.clock.t)
+
     # -- the process and time -----------------------------------------------------------
 
     @rule()
@@ -365,6 +419,7 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
         Himitsu's current data, or its HimitsuSecret say why it cannot."""
         world = self.world
         world.himitsu.fail_next, world.himitsu.slow_next, world.rest.faults = 0, [], []
+        world.rest.crash_after = None
         assert world.process is not None
         now = world.clock.epoch()
         waits = [api.parse_spec(o).refresh_interval for o in world.server.objects_of(HSEC)]
