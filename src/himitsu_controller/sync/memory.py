@@ -45,10 +45,11 @@ class Memory:
     refusals: int = 0
     refused_until: float = 0.0
     # sync.restarts: the data id the target holds, as written or seen here, the digest of
-    # that data, and since when (None: it was there before this process looked); per named
-    # workload (kind, name) the id for which it is owed nothing.
+    # that data and the id's check, and since when (None: it was there before this process
+    # looked); per named workload (kind, name) the id for which it is owed nothing.
     data_id: str | None = None
     data_digest: str | None = None
+    data_check: str | None = None
     data_since: float | None = None
     workloads: dict[tuple[str, str], str] | None = None
 
@@ -109,12 +110,14 @@ class Memory:
         self.failures = 0
         self.scheduled(answered=answered, interval=interval, due=due)
 
-    def target_holds(self, data_id: str | None, digest: str | None, *,
+    def target_holds(self, data_id: str | None, digest: str | None, check: str | None, *,
                      since: float | None) -> None:
-        """The target holds data ``digest`` under ``data_id`` (sync.restarts), since
-        ``since`` (None: since before this process looked)."""
+        """The target holds data ``digest`` under ``data_id`` (checked by ``check``;
+        sync.restarts), since ``since`` (None: since before this process looked)."""
         if data_id and data_id != self.data_id:
             self.data_id, self.data_digest, self.data_since = data_id, digest, since
+        if data_id:
+            self.data_check = check
 
     def target_unknown(self) -> None:
         """A write that may have landed: what the target holds is to be read again."""

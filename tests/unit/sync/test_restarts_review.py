@@ -7,7 +7,6 @@ import copy
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from reconcile_world import KEY, NAME, NS, TARGET, World, fetched, values
 
 from himitsu_controller import api, himitsu
@@ -16,12 +15,6 @@ from himitsu_controller.sync.ports import Conflict
 from himitsu_controller.sync.restarts.scheduler import record_of
 
 WEB = {"kind": "Deployment", "name": "web"}
-
-def pending(why: str) -> pytest.MarkDecorator:
-    """A review finding not yet fixed (issue 22): fails the day it is fixed."""
-    return pytest.mark.xfail(strict=True, reason=f"PENDING (issue 22 review): {why}")
-
-
 
 def rollout_world(**spec: Any) -> World:
     spec.setdefault("minRestartInterval", "0")
@@ -48,7 +41,6 @@ def stamp_of(world: World) -> str:
     return str(world.kube.secret(NS, TARGET)["metadata"]["annotations"][api.ANN_DATA_ID])
 
 
-@pending("a hand-edited data-id stamp is kept (rule.py)")
 def test_a_hand_edit_of_the_target_s_data_id_stamp_alone_restarts_nothing() -> None:
     """Item 3: only a change of the bytes restarts. A user (or a tool copying annotations
     from another Secret) who edits only ``himitsu.io/data-id`` changes no byte."""
@@ -62,6 +54,25 @@ def test_a_hand_edit_of_the_target_s_data_id_stamp_alone_restarts_nothing() -> N
     world.poll(himitsu.NotModified(5))
     assert world.data() == values()
     assert restarts(world) == []
+    world.poll(fetched(6, values(tag="b")))  # a change of the bytes still restarts, once
+    world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1
+
+
+def test_a_hand_edited_data_id_after_a_crash_that_owed_a_restart_still_restarts() -> None:
+    """The edit must not hide a restart owed: the leader wrote new bytes and died within the
+    window, then the id was edited; the pods still run the old data."""
+    world = rollout_world(minRestartInterval="10s")
+    world.sync(5)
+    world.poll(fetched(6, values(tag="b")))
+    assert restarts(world) == []  # owed, due within the window
+    meta = copy.deepcopy(world.kube.secret(NS, TARGET)["metadata"])
+    meta["annotations"][api.ANN_DATA_ID] = "0123456789abcdef"
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+    world.restart()
+    for _ in range(3):
+        world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1
 
 
 def test_data_changed_back_gets_a_fresh_id_so_the_record_does_not_confirm_a_past_value(

@@ -44,7 +44,8 @@ def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
 def learn(mem: Memory, secret: Mapping[str, Any] | None, *, since: float | None = None) -> None:
     """The target holds ``secret``'s data id, since ``since`` (None: since before we looked)."""
     ann = annotations_of(secret)
-    mem.target_holds(ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH), since=since)
+    mem.target_holds(ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH),
+                     ann.get(api.ANN_DATA_ID_CHECK), since=since)
 
 
 class Restarts:
@@ -105,7 +106,7 @@ class Restarts:
                 out = self.scheduler.settle((ns, t.kind, t.name), Claim(
                     ctx.owner.name, spec.target.name, str(held), mem.data_since,
                     spec.rollout.min_interval, NOT_OURS if _on_create(ctx, spec) or
-                    _recorded(before) else str(held)))
+                    _recorded(before) else str(held), (mem.data_digest, mem.data_check)))
                 if out.wake is not None:
                     wakes.append(out.wake)
                     owed.add((ns, t.kind, t.name))

@@ -35,6 +35,9 @@ class Claim(NamedTuple):
     since: float | None  # when this process saw that data arrive (None: before it looked)
     window: float  # its minRestartInterval
     baseline: str  # the record a workload without one gets: what its pods have
+    # The data's digest and the target's check: a record of another id minted for the same
+    # bytes is as good (the target's id was edited by hand: it restarts nothing).
+    bound: tuple[str | None, str | None] = (None, None)
 
 
 class Outcome(NamedTuple):
@@ -120,7 +123,9 @@ class Scheduler:
             workload = self._patch(key, workload, {**record, claim.holder: claim.baseline})
             record[claim.holder] = claim.baseline
         slot.restarted = max(slot.restarted, _restarted_at(workload, now))
-        if record[claim.holder] == claim.data_id:  # recorded, or restarted by someone else
+        digest, check = claim.bound
+        if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
+                record[claim.holder], digest) == check):  # or restarted by someone else
             del slot.claims[claim.holder]
             return Outcome(None, slot.restarted if owed else 0.0)
         due = max(self._due(slot), slot.retry_at)
