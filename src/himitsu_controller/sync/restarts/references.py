@@ -1,10 +1,9 @@
 """May a HimitsuSecret restart a workload: the Secrets its pods read, or its owner's consent.
 
-A restart is worth its disruption only when the pods read the Secret whose data changed:
-``envFrom``, ``env`` ``secretKeyRef`` (init containers too), a ``secret`` or projected
-volume a container mounts (``imagePullSecrets`` do not count). Any other workload is
-restarted only with its owner's consent on it (``himitsu.io/allow-restart-by``: names, or
-``*``): whoever may create a HimitsuSecret must not restart every workload by naming it.
+Pods read a Secret through ``envFrom``, ``env`` ``secretKeyRef`` (init containers too), or
+a ``secret`` or projected volume a container mounts. Any other workload is restarted only
+with its owner's consent (``himitsu.io/allow-restart-by``: names, or ``*``): whoever may
+create a HimitsuSecret must not restart every workload of the namespace by naming it.
 """
 
 from __future__ import annotations
@@ -48,11 +47,9 @@ def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:
 
 
 def refused(kind: str, name: str, exc: Exception) -> str:
-    """A failed read or patch, as the owner reads it: a 403 is almost always an install
-    without the optional rollout-restart RBAC."""
-    text = str(exc)
-    if not text.startswith(("reading", "restarting")):
-        text = f"restarting {kind} {name!r} failed: {text}"
+    """A failed read or patch: a 403 is almost always an install without the RBAC."""
+    text = str(exc) if str(exc).startswith(("reading", "restarting")) else \
+        f"restarting {kind} {name!r} failed: {exc}"
     if getattr(exc, "status", 0) == 403:
         text += (f"; rollout restarts need get and patch on {kind}s, which this install "
                  "may not grant: enable them (Helm: --set rolloutRestarts.enabled=true; "

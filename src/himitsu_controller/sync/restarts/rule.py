@@ -1,10 +1,9 @@
 """When a HimitsuSecret's workloads owe a restart: the data their pods were started with.
 
-A write of other bytes stamps a random data id on the target (``data_id``); each named
-workload records the id its pods were started with (``scheduler.record_of``). A restart is
-owed exactly while the two differ. A workload without a record gets one, what its pods
-have, before the first write that changes the bytes (``before_change``), so a crash
-between that write and the restart loses nothing. docs/design/restarts.md says why.
+A write of other bytes stamps a new random data id on the target (``data_id``); each
+named workload records the id its pods were started with; a restart is owed while the
+two differ. A workload gets its record before the first write that changes the bytes
+(``before_change``), so a crash after that write loses nothing. docs/design/restarts.md.
 """
 
 from __future__ import annotations
@@ -77,8 +76,7 @@ class Restarts:
             log.warning("rollout status update failed", key=ctx.key, error=str(exc))
             wake = self._now() + 1.0
         delay = None if wake is None else schedule.requeue_delay(self._now(), wake)
-        if delay is None or (result.requeue_after is not None and
-                             0 < result.requeue_after <= delay):
+        if delay is None or 0 < (result.requeue_after or 0) <= delay:
             return result
         return Result(requeue_after=delay, error=result.error)
 
@@ -136,8 +134,9 @@ class Restarts:
             if spec and any((t.kind, t.name) == key[1:] for t in spec.rollout.targets):
                 owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid")))
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
+                ours = holds_own_data(target, owner=owner, spec=spec)
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
-                    api.ANN_DATA_ID) if holds_own_data(target, owner=owner, spec=spec) else None)
+                    api.ANN_DATA_ID) if ours else None)
         return found
 
     def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
@@ -160,8 +159,8 @@ class Restarts:
 
 
 def _recorded(entry: Mapping[str, Any]) -> bool:
-    """The status shows the workload recorded already: without a record now (another tool
-    dropped it), what its pods have is not known, so a restart is owed."""
+    """The status shows the workload recorded: without a record now (another tool removed
+    it), what its pods have is not known, so a restart is owed."""
     warning = str(entry.get("warning") or "")
     return bool(entry) and (not warning or warning.startswith(("reading", "restarting")))
 

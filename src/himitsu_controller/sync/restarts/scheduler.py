@@ -1,10 +1,9 @@
 """The per-workload restart scheduler: batching, one restart per window, retries.
 
-Claims on one workload share a window: due at the earliest ``since + minRestartInterval``
-(at once when ``since`` is unknown: a new process), never within a window of its last
-``restartedAt``. The restart is one patch, conditional on the resourceVersion just read,
-of ``restartedAt`` and the record of every HimitsuSecret naming the workload, so asking
-again finds the record current. Failures (409s too) back off. docs/design/restarts.md.
+Claims on one workload are due at the earliest ``since + minRestartInterval`` (at once
+when ``since`` is unknown), never within a window of its last ``restartedAt``. A restart
+is one patch, conditional on the resourceVersion just read, of ``restartedAt`` and the
+record of every HimitsuSecret naming the workload. See docs/design/restarts.md.
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ class Claim(NamedTuple):
     since: float | None  # when this process saw that data arrive (None: before it looked)
     window: float  # its minRestartInterval
     baseline: str  # the record a workload without one gets: what its pods have
-    # The data's digest and the target's check: a record of another id minted for the same
-    # bytes is as good (the target's id was edited by hand: it restarts nothing).
+    # The data's digest and the target's id check: a record of another id minted for these
+    # bytes is as good (the target's id was edited by hand).
     bound: tuple[str | None, str | None] = (None, None)
 
 
@@ -49,7 +48,6 @@ class Outcome(NamedTuple):
 @dataclass
 class _Slot:
     claims: dict[str, Claim] = field(default_factory=dict)
-    served: dict[str, str] = field(default_factory=dict)  # holder: the id the restart set
     restarted: float = 0.0  # the workload's last restart known here (epoch)
     failures: int = 0  # in a row, 409s included: the retries back off
     retry_at: float = 0.0
@@ -63,14 +61,11 @@ class Scheduler:
         self._lock = threading.Lock()
 
     def settle(self, key: Key, claim: Claim) -> Outcome:
-        """What becomes of ``claim`` now: read the workload (unless a claim of the same
-        holder is known and not due), record it, restart it when due."""
+        """Read the workload (unless this holder's claim is known and not due), record
+        it, restart it when due."""
         with self._lock:  # one for all: restarts are rare, and never two of one workload
             slot = self._slots.setdefault(key, _Slot())
             now, before = self._now(), slot.claims.get(claim.holder)
-            if slot.served.pop(claim.holder, None) == claim.data_id:
-                slot.claims.pop(claim.holder, None)
-                return Outcome(None, slot.restarted)
             if before is not None:
                 if before.data_id != claim.data_id:
                     metrics.count_rollout("coalesced")  # a further change, batched
@@ -80,7 +75,7 @@ class Scheduler:
             if before is not None and now < due:
                 return Outcome(due)
             try:
-                return self._evaluate(key, slot, claim, now, owed=before is not None)
+                return self._evaluate(key, slot, claim, now)
             except KubeError as exc:  # a 409 too (the workload changed since it was read)
                 slot.failures += 1
                 slot.retry_at = now + schedule.backoff(slot.failures, 0.0)
@@ -90,8 +85,7 @@ class Scheduler:
                                f"{refused(*key[1:], exc)}; retrying with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
-        """A workload that has no record for ``holder`` gets ``value``: what its pods have
-        (before the target's data changes). KubeError when refused."""
+        """A workload without a record for ``holder`` gets ``value``. KubeError if refused."""
         with self._lock:
             workload = self._workloads.get_workload(*key)
             record = record_of(workload or {})
@@ -99,25 +93,21 @@ class Scheduler:
                 self._patch(key, workload, {**record, holder: value})
 
     def release(self, namespace: str, holder: str, *, keep: frozenset[Key] = frozenset()) -> None:
-        """``holder`` owes no restart to the workloads of ``namespace`` but ``keep`` (it
-        was deleted, its spec changed, the data went back); slots nobody claims go."""
+        """``holder`` owes no restart to the workloads of ``namespace`` but ``keep``."""
         with self._lock:
             for key in [k for k in self._slots if k[0] == namespace and k not in keep]:
                 slot = self._slots[key]
                 slot.claims.pop(holder, None)
-                slot.served.pop(holder, None)
-                if not slot.claims and not slot.served:
+                if not slot.claims:
                     del self._slots[key]
 
-    def _evaluate(self, key: Key, slot: _Slot, claim: Claim, now: float, *, owed: bool,
-                  ) -> Outcome:
+    def _evaluate(self, key: Key, slot: _Slot, claim: Claim, now: float) -> Outcome:
         workload = self._workloads.get_workload(*key)
         if workload is None or not allowed(workload, claim.holder, claim.secret):
             del slot.claims[claim.holder]
             metrics.count_rollout("missing" if workload is None else "skipped_unreferenced")
-            return Outcome(None, message=f"{key[1]} {key[2]!r} not found: nothing to restart"
-                           if workload is None else unreferenced(*key[1:], claim.secret,
-                                                                 claim.holder))
+            return Outcome(None, message=unreferenced(*key[1:], claim.secret, claim.holder)
+                           if workload else f"{key[1]} {key[2]!r} not found: nothing to restart")
         record = record_of(workload)
         if claim.holder not in record:  # first named: its pods have what the target holds
             workload = self._patch(key, workload, {**record, claim.holder: claim.baseline})
@@ -126,8 +116,8 @@ class Scheduler:
         digest, check = claim.bound
         if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
                 record[claim.holder], digest) == check):  # or restarted by someone else
-            del slot.claims[claim.holder]
-            return Outcome(None, slot.restarted if owed else 0.0)
+            del slot.claims[claim.holder]  # and the restart that rolled it out, if one did:
+            return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0)
         due = max(self._due(slot), slot.retry_at)
         if now < due:
             return Outcome(due)
@@ -139,11 +129,10 @@ class Scheduler:
             return Outcome(None)
         new = {h: i for h, i in record.items() if h in names} | ids
         self._patch(key, workload, new, restart=now)
-        served = {h: i for h, i in new.items() if record.get(h) != i and h != claim.holder}
         metrics.count_rollout("restarted")
-        metrics.count_rollout("coalesced", len(served))
+        metrics.count_rollout("coalesced", sum(record.get(h) != i for h, i in new.items()) - 1)
         slot.claims.clear()
-        slot.served, slot.restarted, slot.failures, slot.retry_at = served, now, 0, 0.0
+        slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
         return Outcome(None, now)
 
     def _due(self, slot: _Slot) -> float:
