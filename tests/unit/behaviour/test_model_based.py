@@ -90,7 +90,7 @@ DATA_EDITS = ("delete", "value", "remove_key", "add_key", "version_annotation")
 QUIET_WAKE = st.sampled_from(["annotate_target", "merge_foreign_key", "spec_interval",
                               "spec_template", "token_secret"])
 TARGET_EDIT = st.sampled_from([*DATA_EDITS, "prune_label", "drop_owner_ref",
-                               "drop_template_label", "annotate"])
+                               "drop_template_label", "annotate", "edit_data_id"])
 
 
 def b64(text: str) -> str:
@@ -248,6 +248,8 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
             meta.pop("ownerReferences", None)
         elif how == "drop_template_label":
             labels.pop("team", None)
+        elif how == "edit_data_id":  # no byte changes: nothing may restart (issue 22)
+            annotations[api.ANN_DATA_ID] = "0123456789abcdef"
         else:
             annotations["example.com/by-hand"] = "yes"
         if how != "delete":
