@@ -115,7 +115,11 @@ class Memory:
         """The target holds data ``digest`` under ``data_id`` (checked by ``check``;
         sync.restarts), since ``since`` (None: since before this process looked)."""
         if data_id and data_id != self.data_id:
-            self.data_id, self.data_digest, self.data_since = data_id, digest, since
+            # A restart that may still be owed for data of unknown arrival stays due at once.
+            unsure = self.data_since is None and self.data_id is not None and \
+                set((self.workloads or {}).values()) != {self.data_id}
+            self.data_id, self.data_digest = data_id, digest
+            self.data_since = None if unsure else since
         if data_id:
             self.data_check = check
 

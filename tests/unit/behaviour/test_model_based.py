@@ -6,8 +6,10 @@ policy, format, refreshInterval including 0, force-sync), changes and deletes va
 Himitsu, deletes and edits targets (data, annotations, labels, ownerReference), puts a
 foreign Secret where a target goes, injects failures (Himitsu 5xx, another client
 spending the key's budget so Himitsu answers 429, slow answers, refused or lost
-Kubernetes writes, the operator SIGKILLed right after one), restarts the operator (all
-memory lost: a crash, a rollout, a new leader), and lets time pass,
+Kubernetes writes, the operator SIGKILLed right after one, or right after the Secret
+write of a change a workload is owed a restart for), restarts the operator (all memory
+lost: a crash, a rollout, a new leader, also while a restart is owed), rotates a token,
+edits a target's data id or drops a workload's record by hand, and lets time pass,
 stalls the process, or waits for a quiet period. The operator is the real one
 (model_world.py), the worlds are in memory (model_kube.py, model_himitsu.py) and the
 invariants are the oracle's (model_checks.py): none of them is what the code does,
@@ -488,7 +490,11 @@ def run_model(checks: frozenset[str], *, shrink: bool = True) -> None:
 # Invariants whose fix has not reached main yet. Each is checked on its own in a strict
 # xfail test below, so the day its fix lands that test fails (XPASS): then delete its
 # line here, and the main test enforces it with the others. Never weaken one instead.
-PENDING: dict[str, str] = {}  # check -> why it is not enforced yet (a strict xfail)
+PENDING: dict[str, str] = {  # check -> why it is not enforced yet (a strict xfail)
+    "untouched": "an Owner target switched to Merge (retarget, informer lag 0.5 s), then a "
+                 "foreign key added to it: the next write removes that key (seed 183; also "
+                 "on main before issue 22's model rules changed what is drawn)",
+}
 
 
 # ~30 s of CPU; on a 2-core machine shared with other jobs it took 355 s, past the suite's

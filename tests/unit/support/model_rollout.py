@@ -103,12 +103,17 @@ class RolloutOracle:
         if name not in self.excused and self.pods.get(name) == now:
             self.violation(f"restart: {workload_name} restarted although its pods have the "
                            f"data its target {name}'s rendering holds (keys {sorted(now or {})})")
+        # One per window, as the restartedAt stamps say (a patch lands a request's latency
+        # after the operator stamped it).
+        stamped = api.parse_time(str(self._patch["spec"]["template"]["metadata"][
+            "annotations"][api.ANN_RESTARTED_AT]))
+        at = t if stamped is None else stamped.timestamp() - self.world.clock.epoch() + t
         last = self.restarted_at.get(name)
-        if last is not None and t - last < WINDOW_S - 1e-3:
-            self.violation(f"restart: {workload_name} restarted {t - last:.3f} s after its "
+        if last is not None and at - last < WINDOW_S - 1e-3:
+            self.violation(f"restart: {workload_name} restarted {at - last:.3f} s after its "
                            f"previous restart, within minRestartInterval {WINDOW}")
         self.pods[name] = NOT_OURS if now is None else now
-        self.restarted_at[name] = t
+        self.restarted_at[name] = at
         self.excused.discard(name)
         self.owed.pop(name, None)
 
@@ -171,7 +176,8 @@ class RolloutOracle:
         ann = ((target or {}).get("metadata") or {}).get("annotations") or {}
         env, version = ann.get(api.ANN_ENVIRONMENT_ID), ann.get(api.ANN_CONFIG_VERSION, "")
         if env not in self.world.himitsu.history or not version.isdigit() or \
-                ann.get(api.ANN_OWNED_BY) != name:  # another's (a successor's, merge rules)
+                int(version) > self.world.himitsu.version(env) or \
+                ann.get(api.ANN_OWNED_BY) != name:  # another's, or a version edited by hand
             return None
         tpl = spec.target.template
         try:

@@ -33,7 +33,10 @@ NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did no
 def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
     """The id to stamp for data ``digest``: the target's while it holds these bytes (or
     this process knows it does: its stamps pruned, or it was deleted), else a new one, for
-    bytes put back too: a record must not confirm a value the Secret held before."""
+    bytes put back too: a record must not confirm a value the Secret held before. What the
+    target holds is learnt first: a restart owed for it of unknown age stays due at once."""
+    if mem.data_id is None:
+        learn(mem, target)
     ann = annotations_of(target)
     if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
         return ann[api.ANN_DATA_ID]
