@@ -53,6 +53,9 @@ ANN_STARTED_WITH = "himitsu.io/started-with"
 ANN_ALLOW_RESTART_BY = "himitsu.io/allow-restart-by"
 # On a target: a random id the operator stamps whenever it writes other bytes.
 ANN_DATA_ID = "himitsu.io/data-id"
+# Beside it, written with each new id: ``data_id_check`` of the id and the data, so an id
+# edited by hand is told from one the operator wrote, and the records checked against it.
+ANN_DATA_ID_CHECK = "himitsu.io/data-id-check"
 # On a token Secret, by its owner: URL prefixes the token may go to (narrows, never widens).
 ANN_ALLOWED_API_URLS = "himitsu.io/allowed-api-urls"
 ANN_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"  # values included
@@ -521,6 +524,12 @@ def _int_or_none(value: Any) -> int | None:
     if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return None
+
+
+def data_id_check(data_id: str, digest: str) -> str:
+    """Binds a data id to the ``data_hash`` of the data it was minted for (on the target
+    only: it is derived from the data)."""
+    return hashlib.sha256(f"{data_id}\n{digest}".encode()).hexdigest()[:16]
 
 
 def data_hash(data: Mapping[str, str]) -> str:

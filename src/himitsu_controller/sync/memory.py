@@ -34,17 +34,17 @@ class Memory:
     refused: str | None = None
     refusals: int = 0
     refused_until: float = 0.0
-    # sync.restarts: the data id the target holds, as written or seen here, and since when
-    # (None: it was there before this process looked); (digest, id) of the last few ids
-    # seen, so bytes put back get their id back; per named workload (kind, name) the id
-    # for which it is owed nothing.
+    # sync.restarts: the data id the target holds, as written or seen here, the digest of
+    # that data and the id's check, and since when (None: it was there before this process
+    # looked); per named workload (kind, name) the id for which it is owed nothing.
     data_id: str | None = None
+    data_digest: str | None = None
+    data_check: str | None = None
     data_since: float | None = None
-    data_ids: tuple[tuple[str, str], ...] = ()
     workloads: dict[tuple[str, str], str] | None = None
 
-    # How a Memory changes: these methods (and ``sync.restarts``' record of the data) are
-    # the only writers of its fields, each named for what happened.
+    # How a Memory changes: these methods are the only writers of its fields, each named
+    # for what happened.
 
     def expect(self, rv: str | None) -> None:
         """The target now holds ``rv``; the informer may not have seen it yet."""
@@ -95,6 +95,27 @@ class Memory:
     def synced(self, *, answered: float, interval: float, due: float | None) -> None:
         self.failures = 0
         self.scheduled(answered=answered, interval=interval, due=due)
+
+    def target_holds(self, data_id: str | None, digest: str | None, check: str | None, *,
+                     since: float | None) -> None:
+        """The target holds data ``digest`` under ``data_id`` (checked by ``check``;
+        sync.restarts), since ``since`` (None: since before this process looked)."""
+        if data_id and data_id != self.data_id:
+            # A restart that may still be owed for data of unknown arrival stays due at once.
+            unsure = self.data_since is None and self.data_id is not None and \
+                set((self.workloads or {}).values()) != {self.data_id}
+            self.data_id, self.data_digest = data_id, digest
+            self.data_since = None if unsure else since
+        if data_id:
+            self.data_check = check
+
+    def target_unknown(self) -> None:
+        """A write that may have landed: what the target holds is to be read again."""
+        self.data_id = None
+
+    def rolled_out(self, workload: tuple[str, str], data_id: str) -> None:
+        """``workload`` (kind, name) is owed nothing for the data ``data_id``."""
+        self.workloads = {**(self.workloads or {}), workload: data_id}
 
     def failed(self) -> None:
         """A retry is not the scheduled poll: no lateness allowance."""

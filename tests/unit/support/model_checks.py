@@ -214,6 +214,8 @@ class Oracle:
         self.idle.before_write(method, resource, name)
         if resource == DEPLOY:
             self.rollout.patching(body)
+        if resource == HSEC:  # a patch of status.rolloutRestarts alone reports no sync
+            self._prior_status = _sync_status(self.world.server.get(HSEC, namespace, name))
         if resource != SECRET or method not in ("PUT", "DELETE"):
             return
         prior = self.world.server.get(SECRET, namespace, name)
@@ -271,7 +273,8 @@ class Oracle:
             return
         if resource == SECRET and method in ("POST", "PUT") and name == spec.target.name:
             self._check_rendered(key, spec, stored)  # (not an earlier target released)
-        elif resource == HSEC and ready(stored) == ("True", "Synced"):
+        elif resource == HSEC and ready(stored) == ("True", "Synced") and \
+                _sync_status(stored) != getattr(self, "_prior_status", None):
             version = int((stored.get("status") or {}).get("configVersion", -1))
             self._check_fresh(key, spec, version, "reported Synced at", clear=True)
 
@@ -471,3 +474,10 @@ class Oracle:
                                 f"{wake - now:.1f}s, more than {bound:.1f}s ahead "
                                 f"(last reconcile: {last})")
         return problems
+
+
+def _sync_status(obj: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A HimitsuSecret's status but the rollout entries (``sync.restarts`` patches them)."""
+    status = dict((obj or {}).get("status") or {})
+    status.pop("rolloutRestarts", None)
+    return status

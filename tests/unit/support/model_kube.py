@@ -341,6 +341,7 @@ class ModelRest:
                  spend: Callable[[], None]) -> None:
         self.server = server
         self.faults: list[str] = []
+        self.crash_after: str | None = None  # SIGKILL right after the next write of this
         self._auditor = auditor
         self._spend = spend
 
@@ -383,6 +384,9 @@ class ModelRest:
         if fault == "lost" and not dry_run and method != "DELETE":
             raise TransportError(f"{method} {path}: connection reset by peer")
         if fault == "crash" and not dry_run and method != "DELETE":
+            raise Crash(f"{method} {path}")
+        if self.crash_after == resource and not dry_run and method in ("POST", "PUT"):
+            self.crash_after = None
             raise Crash(f"{method} {path}")
         return stored or {}
 

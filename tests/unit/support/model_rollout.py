@@ -10,9 +10,10 @@ target: the pods start with what the first write puts there), then the rendering
 restart. Checked (``restart``):
 
 * a restart (a patch of the pod template) happens only while the target's rendering
-  differs from what the pods have, except after the accepted trade (the target created
-  anew, or the operator restarted while a change was owed: it cannot know the bytes
-  came back), and never within ``WINDOW`` of the workload's previous restart;
+  differs from what the pods have (so never for a 304, a version with the same bytes, a
+  token rotation or a new process), except after the accepted trade (the target created
+  anew), a change put back (fresh id) or a record another tool removed, and never within
+  ``WINDOW`` of the workload's previous restart (one per window);
 * while a restart is owed, the HimitsuSecret has a wake no later than the window after
   the change reached the Secret, or after the operator (re)started (a crash or a new
   leader: "at once"), never sooner than a window after the last restart; a Kubernetes
@@ -82,7 +83,11 @@ class RolloutOracle:
 
     def process_started(self) -> None:
         self.started = self.world.clock.t
-        self.excused.update(self.owed)  # a change put back now gets a new id
+
+    def record_dropped(self, workload_name: str) -> None:
+        """Another tool removed w<slot>'s record: its pods' data is not known any more, so
+        its next restart may be a needless one (never a lost one)."""
+        self.excused.add("h" + workload_name.removeprefix("w"))
 
     def fault(self) -> None:
         self.faulted = self.world.clock.t
@@ -98,12 +103,17 @@ class RolloutOracle:
         if name not in self.excused and self.pods.get(name) == now:
             self.violation(f"restart: {workload_name} restarted although its pods have the "
                            f"data its target {name}'s rendering holds (keys {sorted(now or {})})")
+        # One per window, as the restartedAt stamps say (a patch lands a request's latency
+        # after the operator stamped it).
+        stamped = api.parse_time(str(self._patch["spec"]["template"]["metadata"][
+            "annotations"][api.ANN_RESTARTED_AT]))
+        at = t if stamped is None else stamped.timestamp() - self.world.clock.epoch() + t
         last = self.restarted_at.get(name)
-        if last is not None and t - last < WINDOW_S - 1e-3:
-            self.violation(f"restart: {workload_name} restarted {t - last:.3f} s after its "
+        if last is not None and at - last < WINDOW_S - 1e-3:
+            self.violation(f"restart: {workload_name} restarted {at - last:.3f} s after its "
                            f"previous restart, within minRestartInterval {WINDOW}")
         self.pods[name] = NOT_OURS if now is None else now
-        self.restarted_at[name] = t
+        self.restarted_at[name] = at
         self.excused.discard(name)
         self.owed.pop(name, None)
 
@@ -123,7 +133,8 @@ class RolloutOracle:
         if now is None:  # no rendering of this HimitsuSecret's (gone, foreign): none owed
             return
         if now == self.pods[name]:
-            self.owed.pop(name, None)
+            if self.owed.pop(name, None) is not None:  # a change put back: bytes under a
+                self.excused.add(name)  # fresh id (no record confirms a past value)
         else:
             self.owed.setdefault(name, self.world.clock.t)
 
@@ -165,7 +176,8 @@ class RolloutOracle:
         ann = ((target or {}).get("metadata") or {}).get("annotations") or {}
         env, version = ann.get(api.ANN_ENVIRONMENT_ID), ann.get(api.ANN_CONFIG_VERSION, "")
         if env not in self.world.himitsu.history or not version.isdigit() or \
-                ann.get(api.ANN_OWNED_BY) != name:  # another's (a successor's, merge rules)
+                int(version) > self.world.himitsu.version(env) or \
+                ann.get(api.ANN_OWNED_BY) != name:  # another's, or a version edited by hand
             return None
         tpl = spec.target.template
         try:

@@ -34,10 +34,10 @@ from reconcile_world import (
 
 from himitsu_controller import api, himitsu, metrics
 from himitsu_controller.runtime.controller import Result
+from himitsu_controller.sync.polling.schedule import MAX_FAILURE_BACKOFF as RETRY_CAP
 from himitsu_controller.sync.ports import KubeError
 from himitsu_controller.sync.restarts import references
 from himitsu_controller.sync.restarts.scheduler import (
-    RETRY_CAP,
     Claim,
     Scheduler,
     record_of,
@@ -226,7 +226,9 @@ def test_a_workload_created_after_the_first_sync_is_restarted_for_the_next_chang
     assert len(restarts(world)) == 1 and record(world) == data_id(world)
 
 
-def test_a_change_put_back_within_the_window_owes_nothing() -> None:
+def test_a_change_put_back_within_the_window_is_one_restart_under_a_fresh_id() -> None:
+    """Bytes put back get a new id (the record must not confirm a value it held before):
+    the change and its undoing are one restart, and no record names the first id again."""
     world = rollout_world()
     world.sync(5)
     first = data_id(world)
@@ -234,11 +236,11 @@ def test_a_change_put_back_within_the_window_owes_nothing() -> None:
     world.reconcile(fetched(6, changed("b")))
     world.clock.advance(3)
     world.annotate(api.ANN_FORCE_SYNC, "back")
-    world.reconcile(fetched(7))  # the old bytes again: their id again
-    assert data_id(world) == first == record(world)
-    world.clock.advance(WINDOW)
-    world.poll(himitsu.NotModified(7))
-    assert restarts(world) == []
+    world.reconcile(fetched(7))  # the old bytes again
+    assert data_id(world) != first and world.data() == values()
+    for _ in range(3):
+        world.poll(himitsu.NotModified(7))
+    assert len(restarts(world)) == 1 and record(world) == data_id(world) != first
 
 
 def test_steady_state_costs_no_workload_request() -> None:

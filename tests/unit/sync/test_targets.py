@@ -210,6 +210,7 @@ def test_owner_desired_secret_new() -> None:
         api.ANN_SOURCE: spec.source_hash(),
         api.ANN_DATA_HASH: data_hash(RENDERED),
         api.ANN_DATA_ID: "d1",
+        api.ANN_DATA_ID_CHECK: api.data_id_check("d1", data_hash(RENDERED)),
     }
     assert meta["ownerReferences"] == [{
         "apiVersion": "himitsu.io/v1alpha1", "kind": "HimitsuSecret", "name": "app-config",
@@ -488,3 +489,20 @@ def test_managed_keys_parsing() -> None:
     assert targets.managed_keys(None) == []
     # no owned-by: not ours
     assert targets.our_previous_keys(secret, policy="Merge", owner=OWNER) == []
+
+
+def test_a_rewrite_keeps_the_data_id_check_so_an_id_edited_by_hand_stays_told_apart() -> None:
+    """The check is written with each new id only: a rewrite of the same bytes (a repair of
+    the labels, say) must not bind an id edited by hand to the data (issue 22)."""
+    spec = make_spec()
+    first = written(spec)
+    first["metadata"]["annotations"][api.ANN_DATA_ID] = "edited"
+    again = targets.desired_secret(first, owner=OWNER, spec=spec, rendered=RENDERED,
+                                   version=5, data_id="edited")
+    check = again["metadata"]["annotations"][api.ANN_DATA_ID_CHECK]
+    assert check == api.data_id_check("d1", data_hash(RENDERED)) != api.data_id_check(
+        "edited", data_hash(RENDERED))
+    fresh = targets.desired_secret(first, owner=OWNER, spec=spec, rendered=RENDERED,
+                                   version=6, data_id="d2")
+    assert fresh["metadata"]["annotations"][api.ANN_DATA_ID_CHECK] == api.data_id_check(
+        "d2", data_hash(RENDERED))

@@ -1,12 +1,9 @@
 """May a HimitsuSecret restart a workload: the Secrets its pods read, or its owner's consent.
 
-A restart is worth its disruption only when the pods read the Secret whose data changed:
-an ``envFrom`` ``secretRef``, an ``env`` ``valueFrom.secretKeyRef`` (init containers
-too), or a ``secret`` volume or projected ``secret`` source that a container mounts (a
-volume no container mounts reaches no process; ``imagePullSecrets`` do not count). Any
-other workload is restarted only with its owner's consent, on the workload itself
-(``himitsu.io/allow-restart-by``: HimitsuSecret names, or ``*``): whoever may create a
-HimitsuSecret must not be able to restart every workload of the namespace by naming it.
+Pods read a Secret through ``envFrom``, ``env`` ``secretKeyRef`` (init containers too), or
+a ``secret`` or projected volume a container mounts. Any other workload is restarted only
+with its owner's consent (``himitsu.io/allow-restart-by``: names, or ``*``): whoever may
+create a HimitsuSecret must not restart every workload of the namespace by naming it.
 """
 
 from __future__ import annotations
@@ -50,12 +47,10 @@ def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:
 
 
 def refused(kind: str, name: str, exc: Exception) -> str:
-    """A failed read or patch of a workload, as its HimitsuSecret's owner reads it: a 403
-    is almost always an install without the optional rollout-restart RBAC."""
-    text, status = str(exc), getattr(exc, "status", 0)
-    if not text.startswith(("reading", "restarting")):
-        text = f"restarting {kind} {name!r} failed: {text}"
-    if status == 403:
+    """A failed read or patch: a 403 is almost always an install without the RBAC."""
+    text = str(exc) if str(exc).startswith(("reading", "restarting")) else \
+        f"restarting {kind} {name!r} failed: {exc}"
+    if getattr(exc, "status", 0) == 403:
         text += (f"; rollout restarts need get and patch on {kind}s, which this install "
                  "may not grant: enable them (Helm: --set rolloutRestarts.enabled=true; "
                  "kubectl/kustomize: deploy/components/rollout-restarts), or remove "

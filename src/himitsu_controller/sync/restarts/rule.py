@@ -1,10 +1,9 @@
 """When a HimitsuSecret's workloads owe a restart: the data their pods were started with.
 
-A write of other bytes stamps a random data id on the target (``data_id``); each named
-workload records the id its pods were started with (``scheduler.record_of``). A restart is
-owed exactly while the two differ. A workload without a record gets one, what its pods
-have, before the first write that changes the bytes (``before_change``), so a crash
-between that write and the restart loses nothing. docs/design/restarts.md says why.
+A write of other bytes stamps a new random data id on the target (``data_id``); each
+named workload records the id its pods were started with; a restart is owed while the
+two differ. A workload gets its record before the first write that changes the bytes
+(``before_change``), so a crash after that write loses nothing. docs/design/restarts.md.
 """
 
 from __future__ import annotations
@@ -32,22 +31,23 @@ NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did no
 
 
 def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
-    """The id to stamp for data ``digest``: the target's while it records these bytes,
-    else the one this process stamped for them last (a change put back), else a new one."""
+    """The id to stamp for data ``digest``: the target's while it holds these bytes (or
+    this process knows it does: its stamps pruned, or it was deleted), else a new one, for
+    bytes put back too: a record must not confirm a value the Secret held before. What the
+    target holds is learnt first: a restart owed for it of unknown age stays due at once."""
+    if mem.data_id is None:
+        learn(mem, target)
     ann = annotations_of(target)
     if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
         return ann[api.ANN_DATA_ID]
-    return dict(mem.data_ids).get(digest) or token_hex(8)
+    return mem.data_id if mem.data_id and mem.data_digest == digest else token_hex(8)
 
 
 def learn(mem: Memory, secret: Mapping[str, Any] | None, *, since: float | None = None) -> None:
     """The target holds ``secret``'s data id, since ``since`` (None: since before we looked)."""
     ann = annotations_of(secret)
-    new, digest = ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH)
-    if new and new != mem.data_id:
-        mem.data_id, mem.data_since = new, since
-    if new and digest:
-        mem.data_ids = ((digest, new), *(p for p in mem.data_ids if p[0] != digest))[:4]
+    mem.target_holds(ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH),
+                     ann.get(api.ANN_DATA_ID_CHECK), since=since)
 
 
 class Restarts:
@@ -78,10 +78,8 @@ class Restarts:
         except KubeError as exc:  # the status patch: retried
             log.warning("rollout status update failed", key=ctx.key, error=str(exc))
             wake = self._now() + 1.0
-        if wake is None:
-            return result
-        delay = schedule.requeue_delay(self._now(), wake)
-        if result.requeue_after is not None and 0 < result.requeue_after <= delay:
+        delay = None if wake is None else schedule.requeue_delay(self._now(), wake)
+        if delay is None or 0 < (result.requeue_after or 0) <= delay:
             return result
         return Result(requeue_after=delay, error=result.error)
 
@@ -89,18 +87,16 @@ class Restarts:
         self.scheduler.release(namespace, name)
 
     def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
-        ns, named, owed = ctx.owner.namespace, spec.rollout.targets, set()
-        previous = self._status.rollout_entries(ctx.key, ctx.obj)
+        ns, owed, entries, wakes = ctx.owner.namespace, set(), [], []
         if mem.data_id is None:  # else as the cached target shows it, when it holds our data
             target = self._kube.get_secret(ns, spec.target.name, cached=True)
             learn(mem, target if holds_own_data(target, owner=ctx.owner, spec=spec) else None)
         held = mem.data_id
-        if held is None and named:
+        if held is None and spec.rollout.targets:
             return None  # what the target holds is not known: nothing is decided
-        old = {(e.get("kind"), e.get("name")): e for e in previous}
-        entries: list[dict[str, Any]] = []
-        wakes: list[float] = []
-        for t in named:
+        old = {(e.get("kind"), e.get("name")): e
+               for e in self._status.rollout_entries(ctx.key, ctx.obj)}
+        for t in spec.rollout.targets:
             before: Mapping[str, Any] = old.get((t.kind, t.name), {})
             entry = {"kind": t.kind, "name": t.name, **{
                 k: before[k] for k in ("lastRestart", "warning") if k in before}}
@@ -109,15 +105,15 @@ class Restarts:
                                     f"{', '.join(api.WORKLOAD_KINDS)}")
             elif (mem.workloads or {}).get((t.kind, t.name)) != held:
                 out = self.scheduler.settle((ns, t.kind, t.name), Claim(
-                    holder=ctx.owner.name, secret=spec.target.name, data_id=str(held),
-                    since=mem.data_since, window=spec.rollout.min_interval,
-                    baseline=NOT_OURS if _on_create(ctx, spec) else str(held)))
+                    ctx.owner.name, spec.target.name, str(held), mem.data_since,
+                    spec.rollout.min_interval, NOT_OURS if _on_create(ctx, spec) or
+                    _recorded(before) else str(held), (mem.data_digest, mem.data_check)))
                 if out.wake is not None:
                     wakes.append(out.wake)
                     owed.add((ns, t.kind, t.name))
                 else:  # nothing more owed for this data
                     entry.pop("warning", None)
-                    mem.workloads = {**(mem.workloads or {}), (t.kind, t.name): str(held)}
+                    mem.rolled_out((t.kind, t.name), str(held))
                 if out.message:
                     entry["warning"] = bounded(out.message)
                 elif out.restarted:
@@ -141,16 +137,16 @@ class Restarts:
             if spec and any((t.kind, t.name) == key[1:] for t in spec.rollout.targets):
                 owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid")))
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
-                held = holds_own_data(target, owner=owner, spec=spec)
+                ours = holds_own_data(target, owner=owner, spec=spec)
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
-                    api.ANN_DATA_ID) if held else None)
+                    api.ANN_DATA_ID) if ours else None)
         return found
 
     def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
                 before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
         """An Event when a restart was made for this object, or a warning appears."""
         events, warning = [], str(after.get("warning") or "")
-        if after.get("lastRestart") and after.get("lastRestart") != before.get("lastRestart"):
+        if after.get("lastRestart") not in (None, before.get("lastRestart")):
             events.append(("Normal", "RolloutRestarted", f"Restarted {target.kind} "
                            f"{target.name!r}: the data of Secret {secret!r} changed"))
         if warning and warning != before.get("warning"):
@@ -163,6 +159,13 @@ class Restarts:
                 self._kube.record_event(obj, type=kind, reason=reason, message=message)
             except Exception as exc:  # best effort, as every Event
                 log.warning("recording event failed", reason=reason, error=type(exc).__name__)
+
+
+def _recorded(entry: Mapping[str, Any]) -> bool:
+    """The status shows the workload recorded: without a record now (another tool removed
+    it), what its pods have is not known, so a restart is owed."""
+    warning = str(entry.get("warning") or "")
+    return bool(entry) and (not warning or warning.startswith(("reading", "restarting")))
 
 
 def _on_create(ctx: Context, spec: api.Spec) -> bool:

@@ -1,60 +1,55 @@
 """The per-workload restart scheduler: batching, one restart per window, retries.
 
-Claims on one workload share a window: due at the earliest ``since + minRestartInterval``
-(at once when ``since`` is unknown: a new process), never within a window of its last
-``restartedAt``. The restart is one patch, conditional on the resourceVersion just read,
-of ``restartedAt`` and the record of every HimitsuSecret naming the workload, so asking
-again finds the record current. docs/design/restarts.md says why.
+Claims on one workload are due at the earliest ``since + minRestartInterval`` (at once
+when ``since`` is unknown), never within a window of its last ``restartedAt``. A restart
+is one patch, conditional on the resourceVersion just read, of ``restartedAt`` and the
+record of every HimitsuSecret naming the workload. See docs/design/restarts.md.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from himitsu_controller import api, metrics
+from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Conflict, KubeError, Workloads
 from himitsu_controller.sync.restarts.references import allowed, refused, unreferenced
 
 __all__ = ["Claim", "Outcome", "Scheduler", "record_of", "stamp"]
 
-RETRY_FIRST, RETRY_CAP = 1.0, 300.0
 CLOCK_SLACK = 1.0  # a restartedAt further ahead of our clock proves nothing (skew, or by hand)
 Key = tuple[str, str, str]  # namespace, kind, name
 # Every HimitsuSecret naming the workload: name -> (its target, the id it holds or None).
 Current = Callable[[Key], Mapping[str, tuple[str, str | None]]]
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     holder: str  # the HimitsuSecret's name
     secret: str  # its target Secret
     data_id: str  # the id of the data the target holds
     since: float | None  # when this process saw that data arrive (None: before it looked)
     window: float  # its minRestartInterval
     baseline: str  # the record a workload without one gets: what its pods have
+    # The data's digest and the target's id check: a record of another id minted for these
+    # bytes is as good (the target's id was edited by hand).
+    bound: tuple[str | None, str | None] = (None, None)
 
 
 class Outcome(NamedTuple):
-    """``wake``: when to ask again (None: nothing more is owed for this data);
-    ``restarted``: when the restart that rolled it out was made (0: none was needed)."""
-
-    wake: float | None
-    restarted: float = 0.0
+    wake: float | None  # when to ask again (None: nothing more is owed for this data)
+    restarted: float = 0.0  # when the restart that rolled it out was made (0: none needed)
     message: str = ""  # what went wrong, or why the workload is skipped
 
 
 @dataclass
 class _Slot:
-    lock: threading.Lock = field(default_factory=threading.Lock)
     claims: dict[str, Claim] = field(default_factory=dict)
-    served: dict[str, str] = field(default_factory=dict)  # holder: the id the restart set
     restarted: float = 0.0  # the workload's last restart known here (epoch)
-    failures: int = 0
+    failures: int = 0  # in a row, 409s included: the retries back off
     retry_at: float = 0.0
 
 
@@ -66,79 +61,63 @@ class Scheduler:
         self._lock = threading.Lock()
 
     def settle(self, key: Key, claim: Claim) -> Outcome:
-        """What becomes of ``claim`` now: read the workload (unless a claim of the same
-        holder is known and not due), record it, restart it when due."""
-        with self._locked(key) as slot:
+        """Read the workload (unless this holder's claim is known and not due), record
+        it, restart it when due."""
+        with self._lock:  # one for all: restarts are rare, and never two of one workload
+            slot = self._slots.setdefault(key, _Slot())
             now, before = self._now(), slot.claims.get(claim.holder)
-            if slot.served.pop(claim.holder, None) == claim.data_id:
-                slot.claims.pop(claim.holder, None)
-                return Outcome(None, slot.restarted)
             if before is not None:
                 if before.data_id != claim.data_id:
                     metrics.count_rollout("coalesced")  # a further change, batched
-                claim = replace(claim, since=before.since)  # the window the first one opened
+                claim = claim._replace(since=before.since)  # the window the first one opened
             slot.claims[claim.holder] = claim
             due = max(self._due(slot), slot.retry_at)
             if before is not None and now < due:
                 return Outcome(due)
             try:
-                return self._evaluate(key, slot, claim, now, owed=before is not None)
-            except Conflict:  # the workload changed since it was read: read it again soon
-                slot.retry_at = now + RETRY_FIRST
-                return Outcome(slot.retry_at)
-            except KubeError as exc:
+                return self._evaluate(key, slot, claim, now)
+            except KubeError as exc:  # a 409 too (the workload changed since it was read)
                 slot.failures += 1
-                slot.retry_at = now + min(RETRY_FIRST * 2 ** (slot.failures - 1), RETRY_CAP)
-                metrics.count_rollout("failed")
-                return Outcome(slot.retry_at, message=f"{refused(*key[1:], exc)}; retrying "
-                               "with backoff")
+                slot.retry_at = now + schedule.backoff(slot.failures, 0.0)
+                if not isinstance(exc, Conflict):
+                    metrics.count_rollout("failed")
+                return Outcome(slot.retry_at, message="" if isinstance(exc, Conflict) else
+                               f"{refused(*key[1:], exc)}; retrying with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
-        """A workload that has no record for ``holder`` gets ``value``: what its pods have
-        (before the target's data changes). KubeError when refused."""
-        with self._locked(key):
+        """A workload without a record for ``holder`` gets ``value``. KubeError if refused."""
+        with self._lock:
             workload = self._workloads.get_workload(*key)
-            if workload is not None and allowed(workload, holder, secret):
-                record = record_of(workload)
-                if holder not in record:
-                    self._patch(key, workload, {**record, holder: value})
+            record = record_of(workload or {})
+            if workload is not None and allowed(workload, holder, secret) and holder not in record:
+                self._patch(key, workload, {**record, holder: value})
 
     def release(self, namespace: str, holder: str, *, keep: frozenset[Key] = frozenset()) -> None:
-        """``holder`` owes no restart to the workloads of ``namespace`` but ``keep`` (it
-        was deleted, its spec changed, the data went back); slots nobody claims go."""
+        """``holder`` owes no restart to the workloads of ``namespace`` but ``keep``."""
         with self._lock:
             for key in [k for k in self._slots if k[0] == namespace and k not in keep]:
                 slot = self._slots[key]
-                with slot.lock:
-                    slot.claims.pop(holder, None)
-                    slot.served.pop(holder, None)
-                    if not slot.claims and not slot.served:
-                        del self._slots[key]
+                slot.claims.pop(holder, None)
+                if not slot.claims:
+                    del self._slots[key]
 
-    @contextmanager
-    def _locked(self, key: Key) -> Iterator[_Slot]:
-        with self._lock:
-            slot = self._slots.setdefault(key, _Slot())
-        with slot.lock:
-            yield slot
-
-    def _evaluate(self, key: Key, slot: _Slot, claim: Claim, now: float, *, owed: bool,
-                  ) -> Outcome:
+    def _evaluate(self, key: Key, slot: _Slot, claim: Claim, now: float) -> Outcome:
         workload = self._workloads.get_workload(*key)
         if workload is None or not allowed(workload, claim.holder, claim.secret):
             del slot.claims[claim.holder]
             metrics.count_rollout("missing" if workload is None else "skipped_unreferenced")
-            return Outcome(None, message=f"{key[1]} {key[2]!r} not found: nothing to restart"
-                           if workload is None else unreferenced(*key[1:], claim.secret,
-                                                                 claim.holder))
+            return Outcome(None, message=unreferenced(*key[1:], claim.secret, claim.holder)
+                           if workload else f"{key[1]} {key[2]!r} not found: nothing to restart")
         record = record_of(workload)
         if claim.holder not in record:  # first named: its pods have what the target holds
             workload = self._patch(key, workload, {**record, claim.holder: claim.baseline})
             record[claim.holder] = claim.baseline
         slot.restarted = max(slot.restarted, _restarted_at(workload, now))
-        if record[claim.holder] == claim.data_id:  # recorded, or restarted by someone else
-            del slot.claims[claim.holder]
-            return Outcome(None, slot.restarted if owed else 0.0)
+        digest, check = claim.bound
+        if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
+                record[claim.holder], digest) == check):  # or restarted by someone else
+            del slot.claims[claim.holder]  # and the restart that rolled it out, if one did:
+            return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0)
         due = max(self._due(slot), slot.retry_at)
         if now < due:
             return Outcome(due)
@@ -150,12 +129,10 @@ class Scheduler:
             return Outcome(None)
         new = {h: i for h, i in record.items() if h in names} | ids
         self._patch(key, workload, new, restart=now)
-        slot.served = {h: i for h, i in new.items() if record.get(h) != i}
         metrics.count_rollout("restarted")
-        metrics.count_rollout("coalesced", len(slot.served) - 1)
+        metrics.count_rollout("coalesced", sum(record.get(h) != i for h, i in new.items()) - 1)
         slot.claims.clear()
         slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
-        slot.served.pop(claim.holder, None)
         return Outcome(None, now)
 
     def _due(self, slot: _Slot) -> float:
@@ -188,4 +165,3 @@ def _restarted_at(workload: Mapping[str, Any], now: float) -> float:
     when = api.parse_time(str((meta.get("annotations") or {}).get(api.ANN_RESTARTED_AT) or ""))
     at = when.timestamp() if when is not None else 0.0
     return min(at, now) if at <= now + CLOCK_SLACK else 0.0
-

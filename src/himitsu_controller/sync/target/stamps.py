@@ -122,7 +122,7 @@ def metadata(existing: Mapping[str, Any] | None, *, name: str, uid: str, spec: a
 _STAMPS = frozenset({
     api.ANN_OWNED_BY, api.ANN_OWNER_UID, api.ANN_PROJECT_ID, api.ANN_ENVIRONMENT_ID,
     api.ANN_CONFIG_VERSION, api.ANN_SOURCE, api.ANN_DATA_HASH, api.ANN_MANAGED_KEYS,
-    api.ANN_DATA_ID, api.ANN_TEMPLATE_LABELS,
+    api.ANN_DATA_ID, api.ANN_DATA_ID_CHECK, api.ANN_TEMPLATE_LABELS,
     api.ANN_TEMPLATE_ANNOTATIONS,
 })
 

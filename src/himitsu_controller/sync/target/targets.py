@@ -206,6 +206,8 @@ def desired_secret(
     body.pop("stringData", None)
     meta["labels"], ann = stamps.metadata(existing, name=owner.name, uid=owner.uid, spec=spec)
     meta["annotations"] = ann
+    if ann.get(api.ANN_DATA_ID) != data_id or api.ANN_DATA_ID_CHECK not in ann:  # a new id
+        ann[api.ANN_DATA_ID_CHECK] = api.data_id_check(data_id, data_hash(rendered))
     ann.update({
         api.ANN_CONFIG_VERSION: str(version),
         api.ANN_SOURCE: spec.source_hash(),

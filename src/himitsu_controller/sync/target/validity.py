@@ -35,7 +35,7 @@ _NAMED = 3  # keys named in a message
 # The annotations targets.desired_secret writes whatever the template (sized in messages).
 _STAMPS = frozenset({api.ANN_OWNED_BY, api.ANN_CONFIG_VERSION, api.ANN_PROJECT_ID,
                      api.ANN_ENVIRONMENT_ID, api.ANN_SOURCE, api.ANN_DATA_HASH,
-                     api.ANN_MANAGED_KEYS, api.ANN_DATA_ID})
+                     api.ANN_MANAGED_KEYS, api.ANN_DATA_ID, api.ANN_DATA_ID_CHECK})
 
 
 class Unwritable(ValueError):
