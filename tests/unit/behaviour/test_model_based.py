@@ -525,3 +525,22 @@ def test_a_foreign_key_added_right_after_an_owner_target_switched_to_merge_is_un
     model.retarget(slot=0, to=0, policy="Merge")
     model.wake_not_due(slot=0, how="merge_foreign_key", n=1)
     model.nothing_broken()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review-r2 (model, 700 examples, random seed): a HimitsuSecret deleted and created "
+    "again under its name, its workload's record dropped by another tool, then a value "
+    "change: the workload is never restarted for it"))
+def test_a_change_after_a_recreated_himitsusecret_s_record_was_dropped_restarts_its_workload(
+) -> None:
+    model = SyncModel()
+    (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
+                          first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.delete(slot=slot)
+    model.set_value(env="e1", key="tls.crt", value="v1")
+    again = model.create(env="e1", fmt="KeyValue", interval="10s", kind="kubernetes.io/tls",
+                         policy="Owner", slot=0, token="tok-a")
+    model.record_dropped_by_another_tool(slot=again)
+    model.set_value_read_by(key="tls.key", slot=again, value="v4")
+    model.nothing_broken()
+    model.settle()
