@@ -544,3 +544,19 @@ def test_a_change_after_a_recreated_himitsusecret_s_record_was_dropped_restarts_
     model.set_value_read_by(key="tls.key", slot=again, value="v4")
     model.nothing_broken()
     model.settle()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review-r2 (model, 700 examples, random seed): a key deleted in Himitsu, a 5xx, a token "
+    "rotation, then the target deleted: its repair writes version 2 when Himitsu has been "
+    "at version 3 for 5 s"))
+def test_a_target_deleted_after_a_failed_poll_and_a_token_rotation_is_written_fresh() -> None:
+    model = SyncModel()
+    (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
+                          first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.delete_value(env="e1", key="A")
+    model.advance(seconds=7.0)
+    model.himitsu_fails(count=1)
+    model.rotate_token(token="tok-a")
+    model.edit_target(how="delete", slot=slot)
+    model.nothing_broken()
