@@ -203,3 +203,25 @@ def test_a_merge_first_sync_whose_record_patch_lost_a_409_race_still_restarts_on
     world.poll(himitsu.NotModified(5))
     world.poll(himitsu.NotModified(5))
     assert len(restarts(world)) == 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review-r2: a failed write forgets the id the process knows (Memory.target_unknown), "
+    "and a deleted target is then read as holding nothing: its repair mints a new id"))
+def test_a_deleted_target_whose_first_repair_failed_keeps_its_data_id_and_restarts_nothing(
+) -> None:
+    """Item 3: identical bytes restart nothing; the design: a repair of a deleted target
+    keeps its id. One failed create (a 500, a timeout) on the way must not change that."""
+    world = rollout_world(minRestartInterval="0")
+    world.sync(5)
+    before = stamp_of(world)
+    del world.kube.secrets[(NS, TARGET)]
+    world.kube.fail_next["create_secret"] = [KubeError("creating Secret: 500", status=500)]
+    world.reconcile(fetched(5))
+    world.clock.advance(5.0)
+    world.reconcile(fetched(5))
+    assert world.data() == values()
+    world.poll(himitsu.NotModified(5))
+    world.poll(himitsu.NotModified(5))
+    assert restarts(world) == []
+    assert stamp_of(world) == before
