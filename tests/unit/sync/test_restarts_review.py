@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from reconcile_world import KEY, NAME, NS, TARGET, World, fetched, merge_world, values
+from test_restarts import _other, changed, tick, two_holders
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.runtime.controller import Result
@@ -234,7 +235,6 @@ def test_a_deleted_target_whose_first_repair_failed_keeps_its_data_id_and_restar
 def test_a_restart_while_a_co_holder_s_spec_is_invalid_costs_no_extra_restart_later() -> None:
     """Item 3: an operator restart restarts nothing. The operator itself must not remove
     the record of a HimitsuSecret that still names the workload (a typo being fixed)."""
-    from test_restarts import _other, changed, tick, two_holders, workload
     world = two_holders()
     other = world.kube.himitsu_secrets[(NS, "other")]
     other["spec"]["minRestartInterval"] = "soon"  # invalid for a moment
