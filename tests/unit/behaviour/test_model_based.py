@@ -610,3 +610,20 @@ def test_a_target_left_by_a_twice_retargeted_himitsusecret_keeps_none_of_its_sta
     model.retarget(policy="Owner", slot=second, to=2)
     model.nothing_broken()
     model.settle()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review-r2 (model, 1200 random examples x 60 steps): h0 deleted, a foreign Secret "
+    "consenting to Merge put at t0, h0 created again as Merge: after an operator restart "
+    "w0 is restarted though its pods have the data h0's rendering holds"))
+def test_a_recreated_merge_himitsusecret_over_a_foreign_target_restarts_nothing_needless(
+) -> None:
+    model = SyncModel()
+    (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
+                          first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.delete(slot=slot)
+    model.create_foreign_with_metadata(consent="*", slot=0)
+    model.create(env="e1", fmt="KeyValue", interval="10s", kind="Opaque", policy="Merge",
+                 slot=0, token="tok-a")
+    model.restart()
+    model.nothing_broken()
