@@ -390,7 +390,7 @@ class HimitsuSecretReconciler:
                     "retrying with backoff")) from None
             raise _Requeue(CONFLICT_REQUEUE * 2 ** (races - 1)) from None
         except KubeError as exc:
-            mem.target_unknown()  # the write may have landed: what the target holds is read
+            mem.target_unknown(data_id)  # the write may have landed
             raise _Failure("WriteFailure", str(exc)) from None
         if spec.rollout.targets:
             restarts.learn(mem, done.secret, since=self._clock()

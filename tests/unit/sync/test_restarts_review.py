@@ -206,9 +206,6 @@ def test_a_merge_first_sync_whose_record_patch_lost_a_409_race_still_restarts_on
     assert len(restarts(world)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2: a failed write forgets the id the process knows (Memory.target_unknown), "
-    "and a deleted target is then read as holding nothing: its repair mints a new id"))
 def test_a_deleted_target_whose_first_repair_failed_keeps_its_data_id_and_restarts_nothing(
 ) -> None:
     """Item 3: identical bytes restart nothing; the design: a repair of a deleted target
