@@ -611,6 +611,32 @@ def test_a_merge_first_sync_crashed_after_its_write_still_restarts_once() -> Non
     assert len(restarts(world)) == 1
 
 
+def test_a_merge_first_sync_waits_for_the_workload_s_record_and_then_restarts_once() -> None:
+    """The record of what the pods have goes before the write that changes it: a workload
+    that cannot be read (a 500) holds the write back, rather than losing the restart."""
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.kube.fail_next["get_workload"] = [
+        KubeError("reading Deployment 'web' failed: 500", status=500)]
+    result = world.reconcile(fetched(5))
+    assert result.error == "WriteFailure" and "KEY_0" not in world.data()
+    world.clock.advance(result.requeue_after or 1.0)
+    world.sync(5)
+    assert "KEY_0" in world.data() and record(world) == "-"
+    world.clock.advance(WINDOW)
+    world.reconcile()
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1
+
+
+def test_a_merge_first_sync_without_restart_rbac_still_syncs() -> None:
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.kube.fail_next["get_workload"] = [FORBIDDEN_GET] * 2
+    world.sync(5)
+    assert "KEY_0" in world.data() and world.ready()["status"] == "True"
+
+
 def test_a_recreated_merge_himitsusecret_does_not_restart_for_data_already_there() -> None:
     world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="0")
     world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)

@@ -185,10 +185,6 @@ def test_a_first_named_workload_is_not_restarted_once_missing_restart_rbac_is_gr
     assert restarts(world) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2: Restarts.before_change swallows a failed record patch ('one restart less', "
-    "rule.py); a 409 race there makes a Merge target's first sync record the new data's "
-    "id as what the pods have, and the restart owed is lost"))
 def test_a_merge_first_sync_whose_record_patch_lost_a_409_race_still_restarts_once() -> None:
     """Item 3: a first sync that changed a Secret its pods already read (a Merge target) is
     owed its restart. One optimistic-concurrency race on the workload (its controller

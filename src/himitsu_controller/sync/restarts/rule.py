@@ -58,7 +58,8 @@ class Restarts:
     def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
                       ) -> None:
         """A write is about to put other bytes in ``target``: each named workload without
-        a record gets one, what its pods have now (none can have read a missing target)."""
+        a record gets one, what its pods have now (none can have read a missing target).
+        KubeError: the write waits for the record; but a 403 (no restart RBAC) does not."""
         ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
             return
@@ -68,7 +69,9 @@ class Restarts:
             try:
                 self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
                                         spec.target.name, value)
-            except KubeError as exc:  # then it gets the new data's id: one restart less
+            except KubeError as exc:  # 403: then it gets the new data's id, restarts nothing
+                if exc.status != 403:
+                    raise
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
 
     def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:

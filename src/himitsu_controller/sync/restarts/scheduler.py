@@ -21,6 +21,7 @@ from himitsu_controller.sync.restarts.references import allowed, refused, unrefe
 
 __all__ = ["Claim", "Outcome", "Scheduler", "record_of", "stamp"]
 
+CONFLICT_RETRIES = 5  # a record before a write: the workload read again after a 409
 CLOCK_SLACK = 1.0  # a restartedAt further ahead of our clock proves nothing (skew, or by hand)
 Key = tuple[str, str, str]  # namespace, kind, name
 # Every HimitsuSecret naming the workload: name -> (its target, the id it holds or None).
@@ -85,12 +86,20 @@ class Scheduler:
                                f"{refused(*key[1:], exc)}; retrying with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
-        """A workload without a record for ``holder`` gets ``value``. KubeError if refused."""
+        """A workload without a record for ``holder`` gets ``value``; a 409 is read again
+        (client-go's RetryOnConflict). KubeError if refused."""
         with self._lock:
-            workload = self._workloads.get_workload(*key)
-            record = record_of(workload or {})
-            if workload is not None and allowed(workload, holder, secret) and holder not in record:
-                self._patch(key, workload, {**record, holder: value})
+            for attempt in range(1, CONFLICT_RETRIES + 1):
+                workload = self._workloads.get_workload(*key)
+                record = record_of(workload or {})
+                if workload is None or not allowed(workload, holder, secret) or holder in record:
+                    return
+                try:
+                    self._patch(key, workload, {**record, holder: value})
+                    return
+                except Conflict:
+                    if attempt == CONFLICT_RETRIES:
+                        raise
 
     def release(self, namespace: str, holder: str, *, keep: frozenset[Key] = frozenset()) -> None:
         """``holder`` owes no restart to the workloads of ``namespace`` but ``keep``."""
