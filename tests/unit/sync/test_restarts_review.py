@@ -146,9 +146,6 @@ def test_a_record_removed_by_another_tool_while_a_restart_is_owed_still_restarts
     assert record_of(world.kube.workloads[(NS, "Deployment", "web")]) == {NAME: stamp_of(world)}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2: a status entry without a warning is taken as 'recorded' (rule._recorded), "
-    "so a first record patch that lost a 409 race later restarts a workload first named"))
 def test_a_first_named_workload_whose_first_record_patch_hit_a_409_is_not_restarted() -> None:
     """Item 3: a workload first named gets its record without a restart. The first patch
     of its record losing an optimistic-concurrency race (the Deployment controller wrote
@@ -164,10 +161,6 @@ def test_a_first_named_workload_whose_first_record_patch_hit_a_409_is_not_restar
     assert restarts(world) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2: the 403 warning of an install without the restart RBAC counts as "
-    "'recorded' (rule._recorded): once the RBAC is granted, a workload first named is "
-    "restarted though its pods started with the data"))
 def test_a_first_named_workload_is_not_restarted_once_missing_restart_rbac_is_granted() -> None:
     """The user follows the RolloutRestartFailed Event and enables the RBAC: the workload
     then gets its record, and no restart (no data changed since its pods started)."""

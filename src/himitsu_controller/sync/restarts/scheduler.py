@@ -44,6 +44,7 @@ class Outcome(NamedTuple):
     wake: float | None  # when to ask again (None: nothing more is owed for this data)
     restarted: float = 0.0  # when the restart that rolled it out was made (0: none needed)
     message: str = ""  # what went wrong, or why the workload is skipped
+    recorded: bool = False  # the workload was read with the holder's record, or got it
 
 
 @dataclass
@@ -126,23 +127,24 @@ class Scheduler:
         if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
                 record[claim.holder], digest) == check):  # or restarted by someone else
             del slot.claims[claim.holder]  # and the restart that rolled it out, if one did:
-            return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0)
+            return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0,
+                           recorded=True)
         due = max(self._due(slot), slot.retry_at)
         if now < due:
-            return Outcome(due)
+            return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
             del slot.claims[claim.holder]
-            return Outcome(None)
+            return Outcome(None, recorded=True)
         new = {h: i for h, i in record.items() if h in names} | ids
         self._patch(key, workload, new, restart=now)
         metrics.count_rollout("restarted")
         metrics.count_rollout("coalesced", sum(record.get(h) != i for h, i in new.items()) - 1)
         slot.claims.clear()
         slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
-        return Outcome(None, now)
+        return Outcome(None, now, recorded=True)
 
     def _due(self, slot: _Slot) -> float:
         return min((max(c.since or 0.0, slot.restarted) + c.window
