@@ -537,6 +537,24 @@ def test_a_record_patch_racing_another_writer_is_retried_not_lost() -> None:
     assert len(restarts(world)) == 1 and record(world) == data_id(world)
 
 
+def test_a_record_removed_while_its_workload_could_not_be_read_still_restarts() -> None:
+    """A failure's warning on a workload whose record landed still shows it recorded, so
+    a record another tool removed meanwhile is not taken for a workload first named."""
+    world = rollout_world()
+    world.sync(5)
+    world.poll(fetched(6, changed("b")))  # owed, due within the window
+    world.kube.fail_next["get_workload"] = [
+        KubeError("reading Deployment 'web' failed: 500", status=500)]
+    world.clock.advance(WINDOW)
+    world.reconcile()
+    assert entry(world)["warning"].startswith("restarting Deployment 'web' failed: reading")
+    del workload(world)["metadata"]["annotations"][api.ANN_STARTED_WITH]
+    world.restart()
+    for _ in range(2):
+        world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1 and record(world) == data_id(world)
+
+
 def test_a_failing_himitsu_or_a_missing_token_does_not_hold_back_an_owed_restart() -> None:
     """The data is in the target already: neither a failing Himitsu nor a dead token
     holds the restart back, not even in a process that never fetched."""
