@@ -109,9 +109,11 @@ class Memory:
         if data_id:
             self.data_check = check
 
-    def target_unknown(self) -> None:
-        """A write that may have landed: what the target holds is to be read again."""
-        self.data_id = None
+    def target_unknown(self, sent: str) -> None:
+        """A write of data id ``sent`` that may have landed: what the target holds is to be
+        read again, unless it is the id known here (a repair: whichever way, it stays)."""
+        if sent != self.data_id:
+            self.data_id = None
 
     def rolled_out(self, workload: tuple[str, str], data_id: str) -> None:
         """``workload`` (kind, name) is owed nothing for the data ``data_id``."""

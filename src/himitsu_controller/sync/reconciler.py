@@ -373,9 +373,9 @@ class HimitsuSecretReconciler:
     ) -> bool:
         digest, before = render.data_hash(rendered), targets.annotations_of(target)
         data_id = restarts.data_id(mem, target, digest)
-        if spec.rollout.targets and digest != before.get(api.ANN_DATA_HASH):
-            self._restarts.before_change(ctx, spec, target)  # what the pods have, first
         try:
+            if spec.rollout.targets and digest != before.get(api.ANN_DATA_HASH):
+                self._restarts.before_change(ctx, spec, target)  # what the pods have, first
             done = writes.write(self._kube, owner=ctx.owner, spec=spec, target=target,
                                 rendered=rendered, version=version, data_id=data_id)
         except writes.Refused as exc:
@@ -390,7 +390,7 @@ class HimitsuSecretReconciler:
                     "retrying with backoff")) from None
             raise _Requeue(CONFLICT_REQUEUE * 2 ** (races - 1)) from None
         except KubeError as exc:
-            mem.target_unknown()  # the write may have landed: what the target holds is read
+            mem.target_unknown(data_id)  # the write may have landed
             raise _Failure("WriteFailure", str(exc)) from None
         if spec.rollout.targets:
             restarts.learn(mem, done.secret, since=self._clock()

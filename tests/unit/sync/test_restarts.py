@@ -537,6 +537,24 @@ def test_a_record_patch_racing_another_writer_is_retried_not_lost() -> None:
     assert len(restarts(world)) == 1 and record(world) == data_id(world)
 
 
+def test_a_record_removed_while_its_workload_could_not_be_read_still_restarts() -> None:
+    """A failure's warning on a workload whose record landed still shows it recorded, so
+    a record another tool removed meanwhile is not taken for a workload first named."""
+    world = rollout_world()
+    world.sync(5)
+    world.poll(fetched(6, changed("b")))  # owed, due within the window
+    world.kube.fail_next["get_workload"] = [
+        KubeError("reading Deployment 'web' failed: 500", status=500)]
+    world.clock.advance(WINDOW)
+    world.reconcile()
+    assert entry(world)["warning"].startswith("restarting Deployment 'web' failed: reading")
+    del workload(world)["metadata"]["annotations"][api.ANN_STARTED_WITH]
+    world.restart()
+    for _ in range(2):
+        world.poll(himitsu.NotModified(6))
+    assert len(restarts(world)) == 1 and record(world) == data_id(world)
+
+
 def test_a_failing_himitsu_or_a_missing_token_does_not_hold_back_an_owed_restart() -> None:
     """The data is in the target already: neither a failing Himitsu nor a dead token
     holds the restart back, not even in a process that never fetched."""
@@ -609,6 +627,32 @@ def test_a_merge_first_sync_crashed_after_its_write_still_restarts_once() -> Non
         world.reconcile(fetched(5) if "configVersion" not in world.status()
                         else himitsu.NotModified(5))
     assert len(restarts(world)) == 1
+
+
+def test_a_merge_first_sync_waits_for_the_workload_s_record_and_then_restarts_once() -> None:
+    """The record of what the pods have goes before the write that changes it: a workload
+    that cannot be read (a 500) holds the write back, rather than losing the restart."""
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.kube.fail_next["get_workload"] = [
+        KubeError("reading Deployment 'web' failed: 500", status=500)]
+    result = world.reconcile(fetched(5))
+    assert result.error == "WriteFailure" and "KEY_0" not in world.data()
+    world.clock.advance(result.requeue_after or 1.0)
+    world.sync(5)
+    assert "KEY_0" in world.data() and record(world) == "-"
+    world.clock.advance(WINDOW)
+    world.reconcile()
+    world.poll(himitsu.NotModified(5))
+    assert len(restarts(world)) == 1
+
+
+def test_a_merge_first_sync_without_restart_rbac_still_syncs() -> None:
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.kube.fail_next["get_workload"] = [FORBIDDEN_GET] * 2
+    world.sync(5)
+    assert "KEY_0" in world.data() and world.ready()["status"] == "True"
 
 
 def test_a_recreated_merge_himitsusecret_does_not_restart_for_data_already_there() -> None:

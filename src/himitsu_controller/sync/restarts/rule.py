@@ -58,7 +58,8 @@ class Restarts:
     def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
                       ) -> None:
         """A write is about to put other bytes in ``target``: each named workload without
-        a record gets one, what its pods have now (none can have read a missing target)."""
+        a record gets one, what its pods have now (none can have read a missing target).
+        KubeError: the write waits for the record; but a 403 (no restart RBAC) does not."""
         ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
             return
@@ -68,7 +69,9 @@ class Restarts:
             try:
                 self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
                                         spec.target.name, value)
-            except KubeError as exc:  # then it gets the new data's id: one restart less
+            except KubeError as exc:  # 403: then it gets the new data's id, restarts nothing
+                if exc.status != 403:
+                    raise
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
 
     def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:
@@ -104,20 +107,24 @@ class Restarts:
                 entry["warning"] = (f"kind {t.kind!r} cannot be restarted: only "
                                     f"{', '.join(api.WORKLOAD_KINDS)}")
             elif (mem.workloads or {}).get((t.kind, t.name)) != held:
+                recorded = _recorded(before)
                 out = self.scheduler.settle((ns, t.kind, t.name), Claim(
                     ctx.owner.name, spec.target.name, str(held), mem.data_since,
                     spec.rollout.min_interval, NOT_OURS if _on_create(ctx, spec) or
-                    _recorded(before) else str(held), (mem.data_digest, mem.data_check)))
+                    recorded else str(held), (mem.data_digest, mem.data_check)))
                 if out.wake is not None:
                     wakes.append(out.wake)
                     owed.add((ns, t.kind, t.name))
                 else:  # nothing more owed for this data
-                    entry.pop("warning", None)
                     mem.rolled_out((t.kind, t.name), str(held))
+                if out.recorded or out.wake is None:
+                    entry.pop("warning", None)
                 if out.message:
-                    entry["warning"] = bounded(out.message)
+                    entry["warning"] = bounded(_failure(t, out.message, recorded))
                 elif out.restarted:
                     entry["lastRestart"] = stamp(out.restarted)
+                if not (recorded or out.recorded or "warning" in entry):
+                    continue  # no entry until its record lands (a 409): see _recorded
             self._report(ctx.obj, t, spec.target.name, before, entry)
             entries.append(entry)
         self.scheduler.release(ns, ctx.owner.name, keep=frozenset(owed))
@@ -153,7 +160,7 @@ class Restarts:
             if not target.supported:
                 metrics.count_rollout("skipped_kind")
             events.append(("Warning", "RolloutRestartFailed" if warning.startswith(
-                ("reading", "restarting")) else "RolloutRestartSkipped", warning))
+                ("reading", "restarting", "recording")) else "RolloutRestartSkipped", warning))
         for kind, reason, message in events:
             try:
                 self._kube.record_event(obj, type=kind, reason=reason, message=message)
@@ -162,10 +169,20 @@ class Restarts:
 
 
 def _recorded(entry: Mapping[str, Any]) -> bool:
-    """The status shows the workload recorded: without a record now (another tool removed
-    it), what its pods have is not known, so a restart is owed."""
+    """The status shows the workload's record landed: an entry without a warning, or one
+    of a failed restart. Without a record now (another tool removed it), what its pods
+    have is not known, so a restart is owed."""
     warning = str(entry.get("warning") or "")
-    return bool(entry) and (not warning or warning.startswith(("reading", "restarting")))
+    return bool(entry) and (not warning or warning.startswith("restarting"))
+
+
+def _failure(t: api.RolloutTarget, message: str, recorded: bool) -> str:
+    """A failure's warning says ``restarting`` exactly when the workload's record landed."""
+    if recorded and message.startswith("reading"):
+        return f"restarting {t.kind} {t.name!r} failed: {message}"
+    if not recorded and message.startswith("restarting"):
+        return "recording" + message.removeprefix("restarting")
+    return message
 
 
 def _on_create(ctx: Context, spec: api.Spec) -> bool:

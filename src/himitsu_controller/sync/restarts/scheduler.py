@@ -21,6 +21,7 @@ from himitsu_controller.sync.restarts.references import allowed, refused, unrefe
 
 __all__ = ["Claim", "Outcome", "Scheduler", "record_of", "stamp"]
 
+CONFLICT_RETRIES = 5  # a record before a write: the workload read again after a 409
 CLOCK_SLACK = 1.0  # a restartedAt further ahead of our clock proves nothing (skew, or by hand)
 Key = tuple[str, str, str]  # namespace, kind, name
 # Every HimitsuSecret naming the workload: name -> (its target, the id it holds or None).
@@ -43,6 +44,7 @@ class Outcome(NamedTuple):
     wake: float | None  # when to ask again (None: nothing more is owed for this data)
     restarted: float = 0.0  # when the restart that rolled it out was made (0: none needed)
     message: str = ""  # what went wrong, or why the workload is skipped
+    recorded: bool = False  # the workload was read with the holder's record, or got it
 
 
 @dataclass
@@ -85,12 +87,20 @@ class Scheduler:
                                f"{refused(*key[1:], exc)}; retrying with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
-        """A workload without a record for ``holder`` gets ``value``. KubeError if refused."""
+        """A workload without a record for ``holder`` gets ``value``; a 409 is read again
+        (client-go's RetryOnConflict). KubeError if refused."""
         with self._lock:
-            workload = self._workloads.get_workload(*key)
-            record = record_of(workload or {})
-            if workload is not None and allowed(workload, holder, secret) and holder not in record:
-                self._patch(key, workload, {**record, holder: value})
+            for attempt in range(1, CONFLICT_RETRIES + 1):
+                workload = self._workloads.get_workload(*key)
+                record = record_of(workload or {})
+                if workload is None or not allowed(workload, holder, secret) or holder in record:
+                    return
+                try:
+                    self._patch(key, workload, {**record, holder: value})
+                    return
+                except Conflict:
+                    if attempt == CONFLICT_RETRIES:
+                        raise
 
     def release(self, namespace: str, holder: str, *, keep: frozenset[Key] = frozenset()) -> None:
         """``holder`` owes no restart to the workloads of ``namespace`` but ``keep``."""
@@ -117,23 +127,24 @@ class Scheduler:
         if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
                 record[claim.holder], digest) == check):  # or restarted by someone else
             del slot.claims[claim.holder]  # and the restart that rolled it out, if one did:
-            return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0)
+            return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0,
+                           recorded=True)
         due = max(self._due(slot), slot.retry_at)
         if now < due:
-            return Outcome(due)
+            return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
             del slot.claims[claim.holder]
-            return Outcome(None)
+            return Outcome(None, recorded=True)
         new = {h: i for h, i in record.items() if h in names} | ids
         self._patch(key, workload, new, restart=now)
         metrics.count_rollout("restarted")
         metrics.count_rollout("coalesced", sum(record.get(h) != i for h, i in new.items()) - 1)
         slot.claims.clear()
         slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
-        return Outcome(None, now)
+        return Outcome(None, now, recorded=True)
 
     def _due(self, slot: _Slot) -> float:
         return min((max(c.since or 0.0, slot.restarted) + c.window
