@@ -513,12 +513,10 @@ def test_model_based_pending_invariant(check: str) -> None:
     run_model((CHECKS | MERGE_CHECKS) - PENDING.keys() | {check}, shrink=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "PENDING (found by issue 22's model rules, also on main): an Owner target switched to "
-    "Merge, then a foreign key added within the informer lag: a write removes the key "
-    "(a write under the Owner spec the cache still shows, or an oracle to judge it by it)"))
 def test_a_foreign_key_added_right_after_an_owner_target_switched_to_merge_is_untouched(
 ) -> None:
+    """Before its first Merge write records our keys, an Owner target's added key is
+    another's (the Merge write under the new spec removed it: an untouched violation)."""
     model = SyncModel()
     model.start(seed=183, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.5,
                 first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
