@@ -166,6 +166,9 @@ class Oracle:
             for trig in triggers:
                 trig.seen = True
         self.quiet.clear()
+        # A new process has not seen what the status says: a spec edited before its first
+        # reconcile may name another token, so it asks (a watch open on a wake ends here).
+        self.idle.close()
         self.rollout.process_started()
         sources: dict[tuple[str, str], bool] = {}
         for obj in self.world.server.objects_of(HSEC):
