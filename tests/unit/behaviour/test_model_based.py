@@ -512,29 +512,3 @@ def test_model_based_pending_invariant(check: str) -> None:
     failure (a check alone draws other examples, which may miss what the main run met)."""
     run_model((CHECKS | MERGE_CHECKS) - PENDING.keys() | {check}, shrink=False)
 
-
-def test_a_foreign_key_added_right_after_an_owner_target_switched_to_merge_is_untouched(
-) -> None:
-    """Before its first Merge write records our keys, an Owner target's added key is
-    another's (the Merge write under the new spec removed it: an untouched violation)."""
-    model = SyncModel()
-    model.start(seed=183, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.5,
-                first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
-    model.retarget(slot=0, to=0, policy="Merge")
-    model.wake_not_due(slot=0, how="merge_foreign_key", n=1)
-    model.nothing_broken()
-
-
-def test_a_new_process_may_ask_for_a_spec_edited_before_it_saw_the_object() -> None:
-    """A crash right after h1's Secret write, inside the watch of h0's quiet spec edit:
-    the new process first sees h0 at a generation its status does not report, cannot
-    tell whether the edit named another token, and asks. The watch ends with the old
-    process (the ``idle`` oracle judged the new one by the old one's knowledge)."""
-    model = SyncModel()
-    model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.01,
-                first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue"),
-                       (1, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
-    model.wake_not_due(slot=1, how="annotate_target", n=0)
-    model.crash_between_the_secret_write_and_the_restart(slot=1, key="A", value="v6")
-    model.wake_not_due(slot=0, how="spec_interval", n=0)
-    model.nothing_broken()

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from model_kube import HSEC, SECRET
+from model_kube import DEPLOY, HSEC, SECRET
 
 from himitsu_controller import api
 from himitsu_controller.sync.target import render
@@ -69,11 +69,20 @@ class RolloutOracle:
         self._patch: Mapping[str, Any] = {}
 
     def named(self, name: str) -> None:
-        """``name`` is about to be created: its workload is named (kept if it was before:
-        the workload's pods do not change with the HimitsuSecret)."""
-        if int(name[1:]) % 2 == 0 and self.pods.get(name, PENDING) is PENDING:
+        """``name`` is about to be created: its workload is named (kept if it was before
+        and still records ``name``: the workload's pods do not change with the
+        HimitsuSecret). A workload without that record (another tool dropped it) is named
+        for the first time: it gets its record without a restart (issue 22, item 3)."""
+        if int(name[1:]) % 2 == 0 and (self.pods.get(name, PENDING) is PENDING
+                                       or not self._recorded(name)):
             target = self.world.server.get(SECRET, NS, f"t{name[1:]}")
             self.pods[name] = PENDING if target is None else NOT_OURS
+
+    def _recorded(self, name: str) -> bool:
+        deploy = self.world.server.get(DEPLOY, NS, f"w{name[1:]}") or {}
+        record = ((deploy.get("metadata") or {}).get("annotations") or {}).get(
+            api.ANN_STARTED_WITH, "")
+        return any(item.partition("=")[0] == name for item in record.split(","))
 
     def reset(self, name: str) -> None:
         """``name`` names its workload no more (its target moved): nothing is owed, and

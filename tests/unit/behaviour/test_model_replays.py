@@ -1,0 +1,54 @@
+"""Directed replays of what the model-based test found (test_model_based.py): each is
+the shrunk steps of one failure, kept so that a fix, or an oracle corrected, stays so
+whatever examples the main run draws."""
+
+from __future__ import annotations
+
+from test_model_based import SyncModel, quiet_logs
+
+__all__ = ["quiet_logs"]  # autouse: reconciles log at error level only
+
+
+def test_a_foreign_key_added_right_after_an_owner_target_switched_to_merge_is_untouched(
+) -> None:
+    """Before its first Merge write records our keys, an Owner target's added key is
+    another's (the Merge write under the new spec removed it: an untouched violation)."""
+    model = SyncModel()
+    model.start(seed=183, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.5,
+                first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.retarget(slot=0, to=0, policy="Merge")
+    model.wake_not_due(slot=0, how="merge_foreign_key", n=1)
+    model.nothing_broken()
+
+
+def test_a_new_process_may_ask_for_a_spec_edited_before_it_saw_the_object() -> None:
+    """A crash right after h1's Secret write, inside the watch of h0's quiet spec edit:
+    the new process first sees h0 at a generation its status does not report, cannot
+    tell whether the edit named another token, and asks. The watch ends with the old
+    process (the ``idle`` oracle judged the new one by the old one's knowledge)."""
+    model = SyncModel()
+    model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.01,
+                first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue"),
+                       (1, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.wake_not_due(slot=1, how="annotate_target", n=0)
+    model.crash_between_the_secret_write_and_the_restart(slot=1, key="A", value="v6")
+    model.wake_not_due(slot=0, how="spec_interval", n=0)
+    model.nothing_broken()
+
+
+def test_a_himitsu_secret_created_again_for_a_workload_without_its_record_restarts_nothing(
+) -> None:
+    """Another tool dropped w0's record, h0 is deleted (its target collected) and created
+    again: to the operator w0 is named for the first time and gets its record without a
+    restart (issue 22, item 3); the oracle kept the old pods' data and counted it lost."""
+    model = SyncModel()
+    model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.01,
+                first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.record_dropped_by_another_tool(slot=0)
+    model.crash_between_the_secret_write_and_the_restart(slot=0, key="A", value="v6")
+    model.delete(slot=0)
+    model.restart()
+    model.create(slot=0, env="e1", token="tok-a", interval="10s", policy="Owner",
+                 kind="Opaque", fmt="KeyValue")
+    model.settle()
+    model.nothing_broken()
