@@ -52,3 +52,18 @@ def test_a_himitsu_secret_created_again_for_a_workload_without_its_record_restar
                  kind="Opaque", fmt="KeyValue")
     model.settle()
     model.nothing_broken()
+
+
+def test_an_earlier_target_that_lost_our_label_is_left_as_it_is() -> None:
+    """h1's Merge target t1 loses our label, then h1 succeeds h0 on t0. Within the
+    informer's lag its index still showed t1: the release deleted a Secret that was no
+    longer ours ("foreign"); now it is left, and ``renamed`` asks nothing of a Secret out
+    of the operator's sight."""
+    model = SyncModel()
+    model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.01,
+                first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue"),
+                       (1, "e1", "tok-a", "10s", "Merge", "Opaque", "KeyValue")])
+    model.edit_target(slot=1, how="prune_label")
+    model.successor(gone=0, heir=1)
+    model.settle()
+    model.nothing_broken()
