@@ -31,6 +31,7 @@ import base64
 import copy
 import itertools
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,7 +59,8 @@ from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
 
 from himitsu_controller import api
 
-MAX_EXAMPLES = 250
+# A longer hunt: HIMITSU_MODEL_EXAMPLES=1000 (the same draws, more of them).
+MAX_EXAMPLES = int(os.environ.get("HIMITSU_MODEL_EXAMPLES", "250"))
 STEPS = 40
 MARGIN = 10.0  # seconds of processing a quiet period allows beyond the longest interval
 SETTINGS = settings(
