@@ -67,3 +67,20 @@ def test_an_earlier_target_that_lost_our_label_is_left_as_it_is() -> None:
     model.successor(gone=0, heir=1)
     model.settle()
     model.nothing_broken()
+
+
+def test_a_workload_whose_target_another_held_gets_its_record_from_the_first_write() -> None:
+    """h1 moves to t0 (Owner), h0 is created naming w0 and t0 (refused: h1's), h1 is
+    deleted and its t0 collected, and h0's first sync creates t0: w0 gets its record
+    without a restart (issue 22, item 3). The oracle kept the pods at "not ours" from
+    h0's creation and counted the restart lost."""
+    model = SyncModel()
+    model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
+                first=[(1, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.retarget(slot=1, to=0, policy="Owner")
+    model.create(slot=0, env="e1", token="tok-a", interval="10s", policy="Owner",
+                 kind="Opaque", fmt="KeyValue")
+    model.delete(slot=1)
+    model.nothing_broken()
+    model.settle()
+    model.nothing_broken()
