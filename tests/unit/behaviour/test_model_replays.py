@@ -84,3 +84,19 @@ def test_a_workload_whose_target_another_held_gets_its_record_from_the_first_wri
     model.nothing_broken()
     model.settle()
     model.nothing_broken()
+
+
+def test_its_own_target_that_lost_our_label_is_relabelled_in_place() -> None:
+    """h1 succeeds h3 on t3 (Merge: created for h1), t3 loses our label, h1 moves to
+    Owner and the operator restarts: h1 writes t3 back with our label, as docs/syncing.md
+    says ("relabelled in place"); the oracle's ``foreign`` called it another's Secret."""
+    model = SyncModel()
+    model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.01,
+                first=[(slot, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")
+                       for slot in (2, 3, 0, 1)])
+    model.successor(gone=3, heir=1)
+    model.restart()
+    model.edit_target(slot=3, how="prune_label")
+    model.retarget(slot=1, to=3, policy="Owner")
+    model.restart()
+    model.nothing_broken()
