@@ -100,3 +100,20 @@ def test_its_own_target_that_lost_our_label_is_relabelled_in_place() -> None:
     model.retarget(slot=1, to=3, policy="Owner")
     model.restart()
     model.nothing_broken()
+
+
+def test_a_merge_successor_takes_over_the_keys_of_an_owner_target_whose_writer_moved_on(
+) -> None:
+    """t0 consents to '*'; h0 (Owner) moves to t1 (refused: h1's), h1 moves to t0 as a
+    Merge: h0's keys are a predecessor's, overwritten by name (docs/reference.md), and both
+    settle. They were refused as foreign (TargetConflict) for want of a managed-keys
+    record, which an Owner target has not (``settled``)."""
+    model = SyncModel()
+    model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
+                first=[(1, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue"),
+                       (0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.give_or_withdraw_consent(slot=0, consent="*")
+    model.retarget(slot=0, to=1, policy="Owner")
+    model.retarget(slot=1, to=0, policy="Merge")
+    model.settle()
+    model.nothing_broken()

@@ -363,6 +363,20 @@ def test_a_key_added_to_an_owner_target_before_its_first_merge_write_is_kept() -
     assert body["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "A,B"
 
 
+def test_a_merge_successor_overwrites_a_key_of_another_himitsu_secrets_owner_target() -> None:
+    # Found by the model test ('settled'): the Owner writer moved on, and its keys, not
+    # recorded in managed-keys, were refused as foreign (TargetConflict) instead of taken
+    # over by name as a Merge predecessor's are.
+    other = targets.Owner(namespace="apps", name="other", uid="uid-2")
+    theirs = targets.desired_secret(None, owner=other, spec=make_spec(),
+                                    rendered={"A": b64("0"), "OLD": b64("o")}, version=4,
+                                    data_id="d0")
+    theirs["metadata"]["annotations"][api.ANN_ALLOW_MERGE_BY] = "*"
+    body = written(make_spec(policy="Merge"), {"A": b64("1")}, existing=theirs)
+    assert body["data"] == {"A": b64("1"), "OLD": b64("o")}
+    assert body["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "A"
+
+
 def test_merge_keeps_other_owner_references() -> None:
     existing = foreign_secret({"X": "x"}, ownerReferences=[
         {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u"}])

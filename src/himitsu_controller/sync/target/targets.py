@@ -237,7 +237,7 @@ def _merged_data(
     # Keys another HimitsuSecret recorded (a predecessor on this target) stay; one of
     # the same name is overwritten and becomes ours. Any other foreign key is refused.
     predecessor = set() if stamps.stamped_by(existing, name=owner.name, uid=owner.uid) \
-        else set(managed_keys(existing))
+        else set(managed_keys(existing)) | _owner_written(existing)
     collisions = sorted((set(rendered) & set(foreign)) - predecessor)
     if collisions:
         name = ((existing or {}).get("metadata") or {}).get("name", "")
@@ -247,6 +247,14 @@ def _merged_data(
             "himitsu-operator did not write; rename it in Himitsu or remove it from the Secret"
         )
     return {**foreign, **rendered}
+
+
+def _owner_written(secret: Mapping[str, Any] | None) -> set[str]:
+    """Every key of another HimitsuSecret's Owner target (its controller reference, no
+    managed-keys record): its keys too are a predecessor's (docs/reference.md)."""
+    if api.ANN_MANAGED_KEYS in annotations_of(secret) or not has_controller_ref(secret):
+        return set()
+    return set((secret or {}).get("data") or {})
 
 
 def same_content(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
