@@ -291,6 +291,23 @@ def test_a_renamed_merge_target_the_operator_created_and_nobody_else_wrote_is_de
     assert unb64(world.kube.secret(NS, "renamed")["data"]) == fetched(5).secrets
 
 
+def test_a_renamed_merge_target_that_lost_our_label_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by the model test ('foreign'): the label was removed while the informer still
+    # indexed the Secret; the fresh read decides, as the label-selected watch would.
+    world = World(policy="Merge")
+    world.sync(5)
+    stale = world.kube.secrets_owned_by(NS, world.hsec["metadata"]["uid"])
+    target = world.target()
+    labels = {k: v for k, v in target["metadata"]["labels"].items() if k != api.LABEL_MANAGED}
+    world.kube.edit_secret(NS, TARGET, metadata={**target["metadata"], "labels": labels})
+    monkeypatch.setattr(world.kube, "secrets_owned_by", lambda namespace, uid: stale)
+    world.edit_target_spec(name="renamed")
+    world.sync(5)
+    assert world.kube.secret(NS, TARGET)["data"] == target["data"]
+    assert not [e for e in world.kube.events if e.reason == "PreviousTargetReleased"]
+
+
 def test_a_renamed_merge_target_the_operator_created_keeps_what_others_added() -> None:
     world = World(policy="Merge")
     world.sync(5)

@@ -9,7 +9,8 @@ step: an assertion raised inside a reconcile would only be logged by the control
 
 * ``foreign``: no write ever touches a Secret that is not ours (neither our
   ``himitsu.io/managed`` label nor our controller reference), except a Merge
-  HimitsuSecret adding its keys to its own target, foreign keys and metadata kept;
+  HimitsuSecret adding its keys to its own target, foreign keys and metadata kept, and
+  a HimitsuSecret relabelling its own target created for it (docs/syncing.md);
 * ``rendered``: every target written holds exactly the rendering of Himitsu's data at
   the version its annotation names (nothing emptied, shrunk or half-written);
 * ``removal``: a reconcile that deletes a target (an Owner type change) has created the
@@ -166,6 +167,9 @@ class Oracle:
             for trig in triggers:
                 trig.seen = True
         self.quiet.clear()
+        # A new process has not seen what the status says: a spec edited before its first
+        # reconcile may name another token, so it asks (a watch open on a wake ends here).
+        self.idle.close()
         self.rollout.process_started()
         sources: dict[tuple[str, str], bool] = {}
         for obj in self.world.server.objects_of(HSEC):
@@ -235,6 +239,10 @@ class Oracle:
             return
         if is_ours(prior):
             return
+        uid = str(((self.world.current_obj or {}).get("metadata") or {}).get("uid", ""))
+        if spec is not None and spec.target.name == name and self.merge.created_for.get(
+                str((prior.get("metadata") or {}).get("uid", ""))) == uid:
+            return  # its own target, created for it, that lost our label: relabelled in place
         merge = spec is not None and spec.target.creation_policy == "Merge" \
             and spec.target.name == name
         if not merge:

@@ -21,8 +21,8 @@ Its checks, named in ``MERGE_CHECKS``:
 * ``template`` (after a quiet period): an in-step target carries exactly the template's
   metadata: every template key (a Merge target's foreign key of that name aside), and no
   key the HimitsuSecret applied that its template no longer holds;
-* ``renamed`` (after a quiet period): no Secret that no HimitsuSecret names still holds
-  an item an in-step HimitsuSecret wrote last.
+* ``renamed`` (after a quiet period): no Secret that no HimitsuSecret names, and that
+  carries our label, still holds an item an in-step HimitsuSecret wrote last.
 """
 
 from __future__ import annotations
@@ -210,7 +210,10 @@ class MergeOracle:
         for secret in server.objects_of(SECRET):
             name, suid = secret["metadata"]["name"], _uid(secret)
             writer = self.last_writer.get(suid)
-            if "renamed" not in checks or name in named or writer not in in_step:
+            # One that lost our label is out of the operator's sight (a label-selected
+            # watch) and, without our controller reference, not its to touch ("foreign").
+            unlabelled = (secret["metadata"].get("labels") or {}).get(api.LABEL_MANAGED) != "true"
+            if "renamed" not in checks or name in named or writer not in in_step or unlabelled:
                 continue
             left = sorted(i for i, w in self.written.get(suid, {}).items()
                           if w == writer and i in items(secret))

@@ -6,8 +6,8 @@ The oracle keeps the data ``w<slot>``'s pods were last started with, computed fr
 Himitsu's history and the spec (``render``), never from the operator's record: when
 ``h<slot>`` is created (the workload is first named), what the target holds ("not ours"
 for someone else's Secret, as a Merge target's first sync finds; none yet for a missing
-target: the pods start with what the first write puts there), then the rendering at each
-restart. Checked (``restart``):
+target, or one h<slot>'s first sync creates: the pods start with what that write puts
+there, issue 22 item 3), then the rendering at each restart. Checked (``restart``):
 
 * a restart (a patch of the pod template) happens only while the target's rendering
   differs from what the pods have (so never for a 304, a version with the same bytes, a
@@ -64,14 +64,19 @@ class RolloutOracle:
         self.owed: dict[str, float] = {}  # h<slot> -> since when the target differs (sim s)
         self.excused: set[str] = set()  # h<slot> whose next restart may be a needless one
         self.restarted_at: dict[str, float] = {}
+        self.unwritten: set[str] = set()  # h<slot> created, its target not yet written by it
         self.started = 0.0  # when the current operator process started
         self.faulted = -1.0  # when a Kubernetes fault was last served
         self._patch: Mapping[str, Any] = {}
 
     def named(self, name: str) -> None:
         """``name`` is about to be created: its workload is named (kept if it was before:
-        the workload's pods do not change with the HimitsuSecret)."""
-        if int(name[1:]) % 2 == 0 and self.pods.get(name, PENDING) is PENDING:
+        the workload's pods do not change with the HimitsuSecret), and its first write is
+        yet to come (``target_written``)."""
+        if int(name[1:]) % 2:
+            return
+        self.unwritten.add(name)
+        if self.pods.get(name, PENDING) is PENDING:
             target = self.world.server.get(SECRET, NS, f"t{name[1:]}")
             self.pods[name] = PENDING if target is None else NOT_OURS
 
@@ -119,9 +124,17 @@ class RolloutOracle:
 
     def target_written(self, target: str, method: str) -> None:
         name = "h" + target.removeprefix("t")
-        if self.pods.get(name) is PENDING:  # the pods waited for a target: the first one
+        first = name in self.unwritten and self.world.current == f"{NS}/{name}"
+        if first:
+            self.unwritten.discard(name)
+        was = self.pods.get(name)
+        # The pods waited for a target, or this HimitsuSecret's first sync created it (its
+        # workload gets its record without a restart: issue 22, item 3): the first one.
+        if was is PENDING or (first and method == "POST"):
             now = self.rendering(name) if method == "POST" else None  # else someone else's
             self.pods[name] = NOT_OURS if now is None else now
+            if was is not PENDING:  # they read an earlier t<slot>: the trade, at most
+                self.excused.add(name)
         elif method == "POST":
             self.excused.add(name)  # the trade: a target created anew may cost a restart
         self._note(name)

@@ -351,6 +351,32 @@ def test_owner_target_moved_to_merge_keeps_its_keys_as_ours() -> None:
     assert "ownerReferences" not in body["metadata"]
 
 
+def test_a_key_added_to_an_owner_target_before_its_first_merge_write_is_kept() -> None:
+    # Switched to Merge, and another writer adds a key before the first Merge write
+    # records our keys: the data no longer hashes to what we wrote, so only the keys we
+    # write now are known to be ours; the added one is foreign and untouched.
+    owner_target = written(make_spec(), {"A": b64("1"), "B": b64("2")})
+    owner_target["data"]["theirs"] = b64("t")
+    body = written(make_spec(policy="Merge"), {"A": b64("1"), "B": b64("2")},
+                   existing=owner_target)
+    assert body["data"] == {"A": b64("1"), "B": b64("2"), "theirs": b64("t")}
+    assert body["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "A,B"
+
+
+def test_a_merge_successor_overwrites_a_key_of_another_himitsu_secrets_owner_target() -> None:
+    # Found by the model test ('settled'): the Owner writer moved on, and its keys, not
+    # recorded in managed-keys, were refused as foreign (TargetConflict) instead of taken
+    # over by name as a Merge predecessor's are.
+    other = targets.Owner(namespace="apps", name="other", uid="uid-2")
+    theirs = targets.desired_secret(None, owner=other, spec=make_spec(),
+                                    rendered={"A": b64("0"), "OLD": b64("o")}, version=4,
+                                    data_id="d0")
+    theirs["metadata"]["annotations"][api.ANN_ALLOW_MERGE_BY] = "*"
+    body = written(make_spec(policy="Merge"), {"A": b64("1")}, existing=theirs)
+    assert body["data"] == {"A": b64("1"), "OLD": b64("o")}
+    assert body["metadata"]["annotations"][api.ANN_MANAGED_KEYS] == "A"
+
+
 def test_merge_keeps_other_owner_references() -> None:
     existing = foreign_secret({"X": "x"}, ownerReferences=[
         {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u"}])

@@ -38,6 +38,9 @@ def old_targets(kube: Kube, obj: Mapping[str, Any], *, owner: targets.Owner,
         whole = kube.get_secret(ns, name, fresh=True)
         if whole is None or (whole.get("metadata") or {}).get("deletionTimestamp"):
             continue
+        if stamps.labels_of(whole).get(api.LABEL_MANAGED) != "true" and \
+                not stamps.has_controller_ref(whole, uid=owner.uid):
+            continue  # our label removed since the index showed it: not ours to touch
         sent = [str(v) for v in (whole.get("data") or {}).values()]
         with scrub.redacting(sent):
             if stamps.has_controller_ref(whole, uid=owner.uid):

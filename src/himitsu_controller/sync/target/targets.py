@@ -106,11 +106,14 @@ def our_previous_keys(secret: Mapping[str, Any] | None, *, policy: str, owner: O
         return []
     # Judged by how it was written: a HimitsuSecret moved from Owner to Merge still knows
     # an Owner target's keys (our controller reference, no managed-keys record) as its own.
-    written_as_owner = (api.ANN_MANAGED_KEYS not in annotations_of(secret)
-                        and has_controller_ref(secret, uid=owner.uid))
-    if policy == "Owner" or written_as_owner:
+    if policy == "Owner" or _written_as_owner(secret, owner=owner):
         return summary.keys_of(secret)
     return sorted(stamps.applied(secret, api.ANN_MANAGED_KEYS, name=owner.name, uid=owner.uid))
+
+
+def _written_as_owner(secret: Mapping[str, Any] | None, *, owner: Owner) -> bool:
+    return (secret is not None and api.ANN_MANAGED_KEYS not in annotations_of(secret)
+            and has_controller_ref(secret, uid=owner.uid))
 
 
 def is_consistent(
@@ -226,11 +229,15 @@ def _merged_data(
 ) -> dict[str, str]:
     current: dict[str, str] = dict((existing or {}).get("data") or {})
     ours = set(our_previous_keys(existing, policy="Merge", owner=owner))
+    recorded = annotations_of(existing).get(api.ANN_DATA_HASH)
+    if _written_as_owner(existing, owner=owner) and not (
+            recorded and summary.holds_hash(existing or {}, sorted(ours), recorded)):
+        ours &= set(rendered)  # an Owner target edited since: an added key is another's
     foreign = {k: v for k, v in current.items() if k not in ours}
     # Keys another HimitsuSecret recorded (a predecessor on this target) stay; one of
     # the same name is overwritten and becomes ours. Any other foreign key is refused.
     predecessor = set() if stamps.stamped_by(existing, name=owner.name, uid=owner.uid) \
-        else set(managed_keys(existing))
+        else set(managed_keys(existing)) | _owner_written(existing)
     collisions = sorted((set(rendered) & set(foreign)) - predecessor)
     if collisions:
         name = ((existing or {}).get("metadata") or {}).get("name", "")
@@ -240,6 +247,14 @@ def _merged_data(
             "himitsu-operator did not write; rename it in Himitsu or remove it from the Secret"
         )
     return {**foreign, **rendered}
+
+
+def _owner_written(secret: Mapping[str, Any] | None) -> set[str]:
+    """Every key of another HimitsuSecret's Owner target (its controller reference, no
+    managed-keys record): its keys too are a predecessor's (docs/reference.md)."""
+    if api.ANN_MANAGED_KEYS in annotations_of(secret) or not has_controller_ref(secret):
+        return set()
+    return set((secret or {}).get("data") or {})
 
 
 def same_content(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
