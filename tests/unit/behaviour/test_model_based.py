@@ -515,10 +515,9 @@ def test_model_based_pending_invariant(check: str) -> None:
     run_model((CHECKS | MERGE_CHECKS) - PENDING.keys() | {check}, shrink=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2 (model, 700 examples, random seed): a HimitsuSecret deleted and created "
-    "again under its name, its workload's record dropped by another tool, then a value "
-    "change: the workload is never restarted for it"))
+# Found by the restarts review (model, 700 examples, random seed): a HimitsuSecret
+# deleted and created again under its name, its workload's record dropped by another
+# tool, then a value change: the workload is never restarted for it (fixed).
 def test_a_change_after_a_recreated_himitsusecret_s_record_was_dropped_restarts_its_workload(
 ) -> None:
     model = SyncModel()
@@ -550,10 +549,10 @@ def test_a_target_deleted_after_a_failed_poll_and_a_token_rotation_is_written_fr
     model.nothing_broken()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2 (model, 1500 examples, random seed; here with other data): h0 retargeted "
-    "to t2, h2 created for t2 (refused: h0 owns it), h0 deleted: h2's first sync writes "
-    "other bytes to t2 and w2, whose pods read h0's data of t2, is never restarted"))
+# Found by the restarts review (model, 1500 examples, random seed; here with other data):
+# h0 retargeted to t2, h2 created for t2 (refused: h0 owns it), h0 deleted: h2's first
+# sync writes other bytes to t2 and w2, whose pods read h0's data of t2, is never
+# restarted (fixed).
 def test_a_target_handed_over_to_another_himitsusecret_restarts_the_workloads_reading_it(
 ) -> None:
     model = SyncModel()
@@ -567,10 +566,9 @@ def test_a_target_handed_over_to_another_himitsusecret_restarts_the_workloads_re
     model.settle()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2 (model, 1500 examples, random seed): after the crash between a Secret write "
-    "and the restart, a not-due wake of another HimitsuSecret (a template edit) asks "
-    "Himitsu unconditionally"))
+# Found by the restarts review (model, 1500 examples, random seed): after the crash
+# between a Secret write and the restart, a not-due wake of another HimitsuSecret (a
+# template edit) asks Himitsu unconditionally (fixed).
 def test_a_not_due_wake_after_a_crash_between_the_write_and_the_restart_asks_nothing(
 ) -> None:
     model = SyncModel()
@@ -583,9 +581,8 @@ def test_a_not_due_wake_after_a_crash_between_the_write_and_the_restart_asks_not
     model.nothing_broken()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2 (model, 1500 examples, random seed): h1 retargeted to t0, t0's label "
-    "pruned, h1 retargeted to t2: t1 keeps h1's stamps"))
+# Found by the restarts review (model, 1500 examples, random seed): h1 retargeted to t0,
+# t0's label pruned, h1 retargeted to t2: t1 keeps h1's stamps (fixed).
 def test_a_target_left_by_a_twice_retargeted_himitsusecret_keeps_none_of_its_stamps(
 ) -> None:
     model = SyncModel()
