@@ -241,7 +241,7 @@ bench: venv kube-build $(RUN_VENV)/.installed ## Steady-state cost, poll sharing
 	$(PY) bench/run.py --operator-python $(RUN_VENV)/bin/python
 
 .PHONY: bench-memory
-bench-memory: venv kube-build $(RUN_VENV)/.installed ## Memory alone: RSS after a cold sync of 1,000/5,000/10,000 (~20 min); BENCH_BASELINE_SRC=<tree>/src adds a baseline
+bench-memory: venv kube-build $(RUN_VENV)/.installed ## Memory alone: RSS after a cold sync of 1,000/5,000/10,000 (~10 min); BENCH_BASELINE_SRC=<tree>/src adds a baseline
 	$(PY) bench/run.py --operator-python $(RUN_VENV)/bin/python --scenarios memory --memory-sizes 1000,5000,10000
 
 ##@ Soak
