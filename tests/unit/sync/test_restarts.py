@@ -56,6 +56,13 @@ def rollout_world(*targets: dict[str, Any], reads: str | None = TARGET, **spec: 
     return world
 
 
+def merge_web_world() -> World:
+    """A Merge HimitsuSecret into a Secret that web's pods already read, 10 s window."""
+    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    return world
+
+
 def restarts(world: World) -> list[str]:
     return [at for _, _, name, at in world.kube.restarts if name == "web"]
 
@@ -604,8 +611,7 @@ def test_a_target_lost_while_the_operator_was_down_still_restarts_for_new_data()
 def test_a_merge_target_s_first_sync_changes_the_data_its_pods_read_and_restarts() -> None:
     """Not "the first creation of the Secret": the Helm Secret existed, web's pods read
     it, and the first sync adds the Himitsu keys to it, a change those pods never saw."""
-    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
-    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world = merge_web_world()
     world.sync(5)
     assert "KEY_0" in world.data() and "HELM_KEY" in world.data()
     assert record(world) == "-"  # recorded before the write: the pods have Helm's data
@@ -616,8 +622,7 @@ def test_a_merge_target_s_first_sync_changes_the_data_its_pods_read_and_restarts
 
 
 def test_a_merge_first_sync_crashed_after_its_write_still_restarts_once() -> None:
-    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
-    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world = merge_web_world()
     world.kube.fail_next["patch_status"] = [KubeError("apiserver gone", status=0)] * 3
     world.reconcile(fetched(5))
     assert "KEY_0" in world.data() and "configVersion" not in world.status()
@@ -632,8 +637,7 @@ def test_a_merge_first_sync_crashed_after_its_write_still_restarts_once() -> Non
 def test_a_merge_first_sync_waits_for_the_workload_s_record_and_then_restarts_once() -> None:
     """The record of what the pods have goes before the write that changes it: a workload
     that cannot be read (a 500) holds the write back, rather than losing the restart."""
-    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
-    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world = merge_web_world()
     world.kube.fail_next["get_workload"] = [
         KubeError("reading Deployment 'web' failed: 500", status=500)]
     result = world.reconcile(fetched(5))
@@ -648,8 +652,7 @@ def test_a_merge_first_sync_waits_for_the_workload_s_record_and_then_restarts_on
 
 
 def test_a_merge_first_sync_without_restart_rbac_still_syncs() -> None:
-    world = merge_world(rolloutRestartTargets=[WEB], minRestartInterval="10s")
-    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world = merge_web_world()
     world.kube.fail_next["get_workload"] = [FORBIDDEN_GET] * 2
     world.sync(5)
     assert "KEY_0" in world.data() and world.ready()["status"] == "True"
