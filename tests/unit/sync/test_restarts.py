@@ -902,3 +902,17 @@ def test_scheduler_never_restarts_within_a_window_and_never_loses_a_claim(
         clock.t += max(WINDOW, RETRY_CAP)
     assert record_of(kube.workloads[key]).get(NAME) == f"d{version}"
     assert claim(scheduler, since)
+
+
+def test_a_workload_refusing_its_record_does_not_hold_the_secret_write_back() -> None:
+    """A lasting refusal (annotations past 256 KiB, an admission policy's 422) is not
+    waited for: the Secret is written and the workload restarts nothing for it."""
+    world = merge_web_world()
+    world.kube.fail_next["patch_workload"] = [
+        KubeError("restarting Deployment 'web' failed: 422 Invalid", status=422)] * 50
+    for _ in range(5):
+        result = world.reconcile(fetched(5))
+        if "KEY_0" in world.data():
+            break
+        world.clock.advance(result.requeue_after or 1.0)
+    assert "KEY_0" in world.data(), (result.error, world.ready())

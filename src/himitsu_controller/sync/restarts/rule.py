@@ -59,7 +59,8 @@ class Restarts:
                       ) -> None:
         """A write is about to put other bytes in ``target``: each named workload without
         a record gets one, what its pods have now (none can have read a missing target).
-        KubeError: the write waits for the record; but a 403 (no restart RBAC) does not."""
+        A transient KubeError (unreachable, 409, 429, 5xx): the write waits for the record;
+        any other (403: no restart RBAC; 400/422: a workload refusing it) does not."""
         ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
             return
@@ -69,8 +70,8 @@ class Restarts:
             try:
                 self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
                                         spec.target.name, value)
-            except KubeError as exc:  # 403: then it gets the new data's id, restarts nothing
-                if exc.status != 403:
+            except KubeError as exc:  # lasting: it gets the new data's id, restarts nothing
+                if exc.status in (0, 409, 429) or exc.status >= 500:
                     raise
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
 
