@@ -532,3 +532,17 @@ def test_a_rewrite_keeps_the_data_id_check_so_an_id_edited_by_hand_stays_told_ap
                                    version=6, data_id="d2")
     assert fresh["metadata"]["annotations"][api.ANN_DATA_ID_CHECK] == api.data_id_check(
         "d2", data_hash(RENDERED))
+
+
+def test_a_key_added_to_another_himitsu_secret_s_owner_target_is_never_overwritten_by_merge(
+) -> None:
+    """Its data hash no longer holds: which key was added cannot be told, so none counts
+    as the predecessor's and the Merge write is refused rather than touch the owner's key."""
+    other = targets.Owner(namespace="apps", name="other", uid="uid-2")
+    theirs = targets.desired_secret(None, owner=other, spec=make_spec(),
+                                    rendered={"A": b64("0")}, version=4, data_id="d0")
+    theirs["data"]["USERKEY"] = b64("precious")
+    theirs["metadata"]["annotations"][api.ANN_ALLOW_MERGE_BY] = "*"
+    with pytest.raises(targets.TargetConflict):
+        written(make_spec(policy="Merge"), {"A": b64("1"), "USERKEY": b64("himitsu")},
+                existing=theirs)

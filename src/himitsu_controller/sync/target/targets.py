@@ -251,10 +251,14 @@ def _merged_data(
 
 def _owner_written(secret: Mapping[str, Any] | None) -> set[str]:
     """Every key of another HimitsuSecret's Owner target (its controller reference, no
-    managed-keys record): its keys too are a predecessor's (docs/reference.md)."""
+    managed-keys record) whose data is what it wrote (its data hash holds): its keys too
+    are a predecessor's (docs/reference.md); a key added since is the Secret owner's."""
     if api.ANN_MANAGED_KEYS in annotations_of(secret) or not has_controller_ref(secret):
         return set()
-    return set((secret or {}).get("data") or {})
+    keys = sorted((secret or {}).get("data") or {})
+    recorded = annotations_of(secret).get(api.ANN_DATA_HASH)
+    held = recorded and summary.holds_hash(secret or {}, keys, recorded)
+    return set(keys) if held else set()
 
 
 def same_content(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
