@@ -239,3 +239,22 @@ def test_a_restart_while_a_co_holder_s_spec_is_invalid_costs_no_extra_restart_la
         tick(world)
         tick(world, "other")
     assert len(restarts(world)) == 1
+
+
+def test_a_first_record_that_lost_a_409_race_is_retried_within_seconds_not_the_window(
+) -> None:
+    """The record of a workload first named is asked again after the backoff of a 409 (1 s,
+    doubling), not at the end of minRestartInterval: the Deployment controller writes its
+    status while its first pods start, and the record must not wait a minute for that
+    (found on kind: the Deployment's record was missing for the whole default window)."""
+    world = rollout_world(minRestartInterval="1m")
+    world.kube.fail_next["patch_workload"] = [
+        Conflict("Deployment 'web' changed while patching", status=409) for _ in range(2)]
+    result = world.sync(5)
+    assert record_of(world.kube.workloads[(NS, "Deployment", "web")]) == {}
+    start = world.clock.now
+    while not record_of(world.kube.workloads[(NS, "Deployment", "web")]):
+        assert world.clock.now - start < timedelta(seconds=10), result
+        result = settle_304(world, result)
+    assert record_of(world.kube.workloads[(NS, "Deployment", "web")]) == {NAME: stamp_of(world)}
+    assert restarts(world) == []

@@ -51,6 +51,7 @@ class Outcome(NamedTuple):
 class _Slot:
     claims: dict[str, Claim] = field(default_factory=dict)
     restarted: float = 0.0  # the workload's last restart known here (epoch)
+    recorded: set[str] = field(default_factory=set)  # holders seen in its record
     failures: int = 0  # in a row, 409s included: the retries back off
     retry_at: float = 0.0
 
@@ -73,7 +74,9 @@ class Scheduler:
                     metrics.count_rollout("coalesced")  # a further change, batched
                 claim = claim._replace(since=before.since)  # the window the first one opened
             slot.claims[claim.holder] = claim
-            due = max(self._due(slot), slot.retry_at)
+            # a claim whose record has not landed yet waits for its retry, not the window
+            due = max(self._due(slot) if claim.holder in slot.recorded else 0.0,
+                      slot.retry_at)
             if before is not None and now < due:
                 return Outcome(due)
             try:
@@ -108,6 +111,7 @@ class Scheduler:
             for key in [k for k in self._slots if k[0] == namespace and k not in keep]:
                 slot = self._slots[key]
                 slot.claims.pop(holder, None)
+                slot.recorded.discard(holder)
                 if not slot.claims:
                     del self._slots[key]
 
@@ -122,6 +126,7 @@ class Scheduler:
         if claim.holder not in record:  # first named: its pods have what the target holds
             workload = self._patch(key, workload, {**record, claim.holder: claim.baseline})
             record[claim.holder] = claim.baseline
+        slot.recorded.add(claim.holder)
         slot.restarted = max(slot.restarted, _restarted_at(workload, now))
         digest, check = claim.bound
         if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
