@@ -384,6 +384,7 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
         self.world.himitsu.tokens[new] = self.world.himitsu.tokens[old]
         secret["data"]["token"] = b64(new)
         self.world.server.update(SECRET, NS, token, secret)
+        self.oracle.token_replaced(token, old)
         self.oracle.touched()
         self.world.run_until(self.world.clock.t)
 
@@ -533,11 +534,12 @@ def test_a_change_after_a_recreated_himitsusecret_s_record_was_dropped_restarts_
     model.settle()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2 (model, 700 examples, random seed): a key deleted in Himitsu, a 5xx, a token "
-    "rotation, then the target deleted: its repair writes version 2 when Himitsu has been "
-    "at version 3 for 5 s"))
-def test_a_target_deleted_after_a_failed_poll_and_a_token_rotation_is_written_fresh() -> None:
+# Found by review-r2 (model, 700 examples, random seed): a key deleted in Himitsu, a token
+# rotation, then the target deleted; the repair's fetch, still with the cached old token
+# (docs/syncing.md: read within the token cache's 5 min), is answered 5xx, and the repair
+# writes from memory, as documented. The oracle counted only the new token's answers as
+# refusals (fixed in the oracle: a replaced token's answers count while it may be cached).
+def test_a_repair_refused_with_the_cached_old_token_may_write_from_memory() -> None:
     model = SyncModel()
     (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
                           first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
@@ -547,6 +549,12 @@ def test_a_target_deleted_after_a_failed_poll_and_a_token_rotation_is_written_fr
     model.rotate_token(token="tok-a")
     model.edit_target(how="delete", slot=slot)
     model.nothing_broken()
+    assert [r.status for r in model.world.himitsu.requests] == [200, 500]  # it asked first
+    model.advance(seconds=3.0)  # past the failure hold: the repair's data is asked again
+    model.nothing_broken()
+    target = model.world.server.get(SECRET, NS, f"t{slot}")
+    assert target is not None
+    assert target["metadata"]["annotations"][api.ANN_CONFIG_VERSION] == "3"
 
 
 # Found by the restarts review (model, 1500 examples, random seed; here with other data):
@@ -597,18 +605,25 @@ def test_a_target_left_by_a_twice_retargeted_himitsusecret_keeps_none_of_its_sta
     model.settle()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2 (model, 1200 random examples x 60 steps): h0 deleted, a foreign Secret "
-    "consenting to Merge put at t0, h0 created again as Merge: after an operator restart "
-    "w0 is restarted though its pods have the data h0's rendering holds"))
-def test_a_recreated_merge_himitsusecret_over_a_foreign_target_restarts_nothing_needless(
+# Found by review-r2 (model, 1200 random examples x 60 steps): h0 deleted (its Owner
+# target with it), another team's Secret created under the target's name, h0 created
+# again as Merge: after an operator restart w0 is restarted once. The documented trade (a
+# target deleted and created anew may cost one extra restart; the oracle now excuses a
+# Secret someone else creates anew as it does one the operator creates), and only one.
+def test_a_recreated_merge_himitsusecret_over_a_foreign_target_costs_at_most_one_restart(
 ) -> None:
     model = SyncModel()
     (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
                           first=[(0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
     model.delete(slot=slot)
     model.create_foreign_with_metadata(consent="*", slot=0)
-    model.create(env="e1", fmt="KeyValue", interval="10s", kind="Opaque", policy="Merge",
-                 slot=0, token="tok-a")
+    again = model.create(env="e1", fmt="KeyValue", interval="10s", kind="Opaque",
+                         policy="Merge", slot=0, token="tok-a")
     model.restart()
     model.nothing_broken()
+    for _ in range(3):
+        model.restart()
+        model.advance(seconds=12.0)
+        model.nothing_broken()
+    model.settle()
+    assert model.oracle.rollout.restarts.get(f"h{again}", 0) <= 1

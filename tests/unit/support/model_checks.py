@@ -46,6 +46,7 @@ from model_quiet import IdleOracle
 from model_rollout import RolloutOracle
 
 from himitsu_controller import api
+from himitsu_controller.kube import TOKEN_TTL
 from himitsu_controller.sync.target import render
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class Oracle:
         self.triggers: dict[str, list[Trigger]] = {}
         self.floor: dict[str, tuple[str, int]] = {}  # key -> (env, version) a sync must reach
         self.quiet: dict[tuple[str, str], int] = {}  # (env id, token) -> version at restart
+        self.replaced: dict[str, list[tuple[str, float]]] = {}  # Secret -> (old token, when)
         self._deleted: list[str] = []
         self.rollout = RolloutOracle(world, self.violation)  # ``restart``: model_rollout.py
         self.merge = MergeOracle(world, self.violation)  # Merge and metadata: model_merge.py
@@ -149,6 +151,11 @@ class Oracle:
         self.triggers.setdefault(key, []).append(Trigger(
             what, self.world.clock.t, env, required, resource, rv))
         self.floor[key] = (env, required)
+
+    def token_replaced(self, secret: str, old: str) -> None:
+        """The token in ``secret`` was ``old`` until now: the operator may send it for up to
+        its token cache's TTL (kube.TOKEN_TTL), and Himitsu's refusals of it count."""
+        self.replaced.setdefault(secret, []).append((old, self.world.clock.t))
 
     def touched(self) -> None:
         """An action that may legitimately need a full fetch without needing fresh data."""
@@ -335,8 +342,10 @@ class Oracle:
         himitsu, now, token = self.world.himitsu, self.world.clock.t, self._token(spec)
         if now < himitsu.short_until.get(token, 0.0) or now < himitsu.short_until.get("", 0.0):
             return True
+        tokens = {token} | {old for old, at in self.replaced.get(spec.auth_secret_name, [])
+                            if now - at <= TOKEN_TTL}  # a replaced token still cached
         answers = [r for r in himitsu.requests
-                   if r.env == spec.environment_id and r.token == token]
+                   if r.env == spec.environment_id and r.token in tokens]
         if not answers:
             return False
         last = answers[-1]

@@ -313,6 +313,7 @@ class MergeRules(RuleBasedStateMachine):
             "metadata": {"name": f"t{slot}", "labels": {"team": "theirs"},
                          "annotations": annotations},
             "type": "Opaque", "data": {"their-key": b64("theirs")}})
+        self.oracle.rollout.created_by_another(f"t{slot}")
         self._quietly()
 
     @rule(slot=SLOT, consent=CONSENT)

@@ -64,6 +64,7 @@ class RolloutOracle:
         self.owed: dict[str, float] = {}  # h<slot> -> since when the target differs (sim s)
         self.excused: set[str] = set()  # h<slot> whose next restart may be a needless one
         self.restarted_at: dict[str, float] = {}
+        self.restarts: dict[str, int] = {}  # h<slot> -> restarts of w<slot> seen
         self.unwritten: set[str] = set()  # h<slot> created, its target not yet written by it
         self.started = 0.0  # when the current operator process started
         self.faulted = -1.0  # when a Kubernetes fault was last served
@@ -85,6 +86,13 @@ class RolloutOracle:
         should it come back, bytes under another id may cost a restart (the trade)."""
         self.owed.pop(name, None)
         self.excused.add(name)
+
+    def created_by_another(self, target: str) -> None:
+        """Someone else created ``target`` anew (it was deleted): the trade, as for a target
+        the operator creates anew, may cost one restart of pods that read the old one."""
+        name = "h" + target.removeprefix("t")
+        if self.pods.get(name, PENDING) is not PENDING:
+            self.excused.add(name)
 
     def process_started(self) -> None:
         self.started = self.world.clock.t
@@ -119,6 +127,7 @@ class RolloutOracle:
                            f"previous restart, within minRestartInterval {WINDOW}")
         self.pods[name] = NOT_OURS if now is None else now
         self.restarted_at[name] = at
+        self.restarts[name] = self.restarts.get(name, 0) + 1
         self.excused.discard(name)
         self.owed.pop(name, None)
 
