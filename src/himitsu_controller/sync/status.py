@@ -58,11 +58,11 @@ class StatusWriter:
             previous, self._ready("True", "Synced", message, previous, generation))
         self._write_if_changed(key, obj, status, previous)
         if data_changed:
-            self._event(obj, "Normal", "Synced", (
+            self.event(obj, "Normal", "Synced", (
                 f"Wrote {_keys(secret_count)} at config version {version} to Secret {target!r}"
             ))
         elif not was_ready:
-            self._event(obj, "Normal", "Synced", message)
+            self.event(obj, "Normal", "Synced", message)
 
     def overdue(
         self, key: str, obj: Mapping[str, Any], *, target: str, interval: float, generation: int,
@@ -103,7 +103,7 @@ class StatusWriter:
         finally:  # the Event does not depend on the status write (a 403 on it, say)
             if transition:
                 note = f" (requestId {request_id})" if request_id else ""
-                self._event(obj, "Warning", reason, bounded(message + note))
+                self.event(obj, "Warning", reason, bounded(message + note))
 
     def rollout_entries(self, key: str, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """``status.rolloutRestarts`` as we last wrote it (``sync.restarts``)."""
@@ -195,7 +195,8 @@ class StatusWriter:
         metrics.set_ready(str(meta.get("namespace", "")), str(meta.get("name", "")),
                           _ready_status(status) == "True", reason)
 
-    def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Record an Event on ``obj``, best effort (also for ``sync.restarts``)."""
         try:
             self._kube.record_event(obj, type=kind, reason=reason, message=message)
         except Exception as exc:  # an Event is best effort; never fail a sync over one

@@ -46,10 +46,16 @@ def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:
             "the workload")
 
 
-def refused(kind: str, name: str, exc: Exception) -> str:
-    """A failed read or patch: a 403 is almost always an install without the RBAC."""
-    text = str(exc) if str(exc).startswith(("reading", "restarting")) else \
-        f"restarting {kind} {name!r} failed: {exc}"
+def refused(kind: str, name: str, exc: Exception, recorded: bool) -> str:
+    """A failed read or patch. It says ``restarting`` exactly when the workload's record
+    landed (``recording`` else); a 403 is almost always an install without the RBAC."""
+    text = str(exc)
+    if not text.startswith(("reading", "restarting")):
+        text = f"restarting {kind} {name!r} failed: {text}"
+    if recorded and text.startswith("reading"):  # a read after the record landed
+        text = f"restarting {kind} {name!r} failed: {text}"
+    elif not recorded and text.startswith("restarting"):  # the patch of its record
+        text = "recording" + text.removeprefix("restarting")
     if getattr(exc, "status", 0) == 403:
         text += (f"; rollout restarts need get and patch on {kind}s, which this install "
                  "may not grant: enable them (Helm: --set rolloutRestarts.enabled=true; "

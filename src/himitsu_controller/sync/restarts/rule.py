@@ -1,9 +1,8 @@
 """When a HimitsuSecret's workloads owe a restart: the data their pods were started with.
 
-A write of other bytes stamps a new random data id on the target (``data_id``); each
-named workload records the id its pods were started with; a restart is owed while the
-two differ. A workload gets its record before the first write that changes the bytes
-(``before_change``), so a crash after that write loses nothing. docs/design/restarts.md.
+A write of other bytes stamps a new random data id on the target (``data_id``); each named
+workload records the id its pods were started with, before that write (``before_change``);
+a restart is owed while the two differ. Why, and the edge cases: docs/design/restarts.md.
 """
 
 from __future__ import annotations
@@ -31,10 +30,8 @@ NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did no
 
 
 def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
-    """The id to stamp for data ``digest``: the target's while it holds these bytes (or
-    this process knows it does: its stamps pruned, or it was deleted), else a new one, for
-    bytes put back too: a record must not confirm a value the Secret held before. What the
-    target holds is learnt first: a restart owed for it of unknown age stays due at once."""
+    """The id to stamp for data ``digest``: the one the target or this process holds for
+    these bytes, else a new one (for bytes put back too)."""
     if mem.data_id is None:
         learn(mem, target)
     ann = annotations_of(target)
@@ -57,20 +54,18 @@ class Restarts:
 
     def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
                       ) -> None:
-        """A write is about to put other bytes in ``target``: each named workload without
-        a record gets one, what its pods have now (none can have read a missing target).
-        A transient KubeError (unreachable, 409, 429, 5xx): the write waits for the record;
-        any other (403: no restart RBAC; 400/422: a workload refusing it) does not."""
+        """A write is about to put other bytes in ``target``: each named workload without a
+        record gets what its pods have now. Only a transient failure holds the write back."""
         ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
-            return
+            return  # no pod can have read a missing target
         ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and not on_create
         value = (ann.get(api.ANN_DATA_ID) if ours else None) or NOT_OURS
         for t in (t for t in spec.rollout.targets if t.supported):
             try:
                 self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
                                         spec.target.name, value)
-            except KubeError as exc:  # lasting: it gets the new data's id, restarts nothing
+            except KubeError as exc:  # a 403 (no restart RBAC), 400 or 422 lasts: go on
                 if exc.status in (0, 409, 429) or exc.status >= 500:
                     raise
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
@@ -91,12 +86,14 @@ class Restarts:
         self.scheduler.release(namespace, name)
 
     def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
-        ns, owed, entries, wakes = ctx.owner.namespace, set(), [], []
+        """Settle each named workload not known to have the data; write the status entries.
+        When to ask again (None: nothing is owed)."""
+        ns, entries, wakes = ctx.owner.namespace, [], {}
         if mem.data_id is None:  # else as the cached target shows it, when it holds our data
             target = self._kube.get_secret(ns, spec.target.name, cached=True)
             learn(mem, target if holds_own_data(target, owner=ctx.owner, spec=spec) else None)
-        held = mem.data_id
-        if held is None and spec.rollout.targets:
+        held = mem.data_id or ""
+        if not held and spec.rollout.targets:
             return None  # what the target holds is not known: nothing is decided
         old = {(e.get("kind"), e.get("name")): e
                for e in self._status.rollout_entries(ctx.key, ctx.obj)}
@@ -108,29 +105,29 @@ class Restarts:
                 entry["warning"] = (f"kind {t.kind!r} cannot be restarted: only "
                                     f"{', '.join(api.WORKLOAD_KINDS)}")
             elif (mem.workloads or {}).get((t.kind, t.name)) != held:
-                recorded = _recorded(before)
-                out = self.scheduler.settle((ns, t.kind, t.name), Claim(
-                    ctx.owner.name, spec.target.name, str(held), mem.data_since,
-                    spec.rollout.min_interval, NOT_OURS if _on_create(ctx, spec) or
-                    recorded else str(held), (mem.data_digest, mem.data_check)))
-                if out.wake is not None:
-                    wakes.append(out.wake)
-                    owed.add((ns, t.kind, t.name))
-                else:  # nothing more owed for this data
-                    mem.rolled_out((t.kind, t.name), str(held))
-                if out.recorded or out.wake is None:
-                    entry.pop("warning", None)
+                key, recorded = (ns, t.kind, t.name), _recorded(before)
+                baseline = NOT_OURS if recorded or _on_create(ctx, spec) else held
+                out = self.scheduler.settle(key, Claim(
+                    ctx.owner.name, spec.target.name, held, mem.data_since,
+                    spec.rollout.min_interval, baseline, (mem.data_digest, mem.data_check),
+                    recorded=recorded))
+                if out.wake is None:  # nothing more owed for this data
+                    mem.rolled_out((t.kind, t.name), held)
+                else:
+                    wakes[key] = out.wake
                 if out.message:
-                    entry["warning"] = bounded(_failure(t, out.message, recorded))
-                elif out.restarted:
-                    entry["lastRestart"] = stamp(out.restarted)
+                    entry["warning"] = bounded(out.message)
+                elif out.recorded:
+                    entry.pop("warning", None)
+                    if out.restarted:
+                        entry["lastRestart"] = stamp(out.restarted)
                 if not (recorded or out.recorded or "warning" in entry):
                     continue  # no entry until its record lands (a 409): see _recorded
             self._report(ctx.obj, t, spec.target.name, before, entry)
             entries.append(entry)
-        self.scheduler.release(ns, ctx.owner.name, keep=frozenset(owed))
+        self.scheduler.release(ns, ctx.owner.name, keep=frozenset(wakes))
         self._status.rollouts(ctx.key, ctx.obj, entries)
-        return min(wakes, default=None)
+        return min(wakes.values(), default=None)
 
     def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
         """Every HimitsuSecret naming the workload: its target, and the id it holds (read
@@ -153,37 +150,23 @@ class Restarts:
     def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
                 before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
         """An Event when a restart was made for this object, or a warning appears."""
-        events, warning = [], str(after.get("warning") or "")
         if after.get("lastRestart") not in (None, before.get("lastRestart")):
-            events.append(("Normal", "RolloutRestarted", f"Restarted {target.kind} "
-                           f"{target.name!r}: the data of Secret {secret!r} changed"))
+            self._status.event(obj, "Normal", "RolloutRestarted", f"Restarted {target.kind} "
+                               f"{target.name!r}: the data of Secret {secret!r} changed")
+        warning = str(after.get("warning") or "")
         if warning and warning != before.get("warning"):
             if not target.supported:
                 metrics.count_rollout("skipped_kind")
-            events.append(("Warning", "RolloutRestartFailed" if warning.startswith(
-                ("reading", "restarting", "recording")) else "RolloutRestartSkipped", warning))
-        for kind, reason, message in events:
-            try:
-                self._kube.record_event(obj, type=kind, reason=reason, message=message)
-            except Exception as exc:  # best effort, as every Event
-                log.warning("recording event failed", reason=reason, error=type(exc).__name__)
+            failed = warning.startswith(("reading", "restarting", "recording"))
+            self._status.event(obj, "Warning", "RolloutRestartFailed" if failed
+                               else "RolloutRestartSkipped", warning)
 
 
 def _recorded(entry: Mapping[str, Any]) -> bool:
-    """The status shows the workload's record landed: an entry without a warning, or one
-    of a failed restart. Without a record now (another tool removed it), what its pods
-    have is not known, so a restart is owed."""
+    """The status shows the workload's record landed: an entry without a warning, or with
+    one that says ``restarting`` (``references.refused``)."""
     warning = str(entry.get("warning") or "")
     return bool(entry) and (not warning or warning.startswith("restarting"))
-
-
-def _failure(t: api.RolloutTarget, message: str, recorded: bool) -> str:
-    """A failure's warning says ``restarting`` exactly when the workload's record landed."""
-    if recorded and message.startswith("reading"):
-        return f"restarting {t.kind} {t.name!r} failed: {message}"
-    if not recorded and message.startswith("restarting"):
-        return "recording" + message.removeprefix("restarting")
-    return message
 
 
 def _on_create(ctx: Context, spec: api.Spec) -> bool:

@@ -1,11 +1,9 @@
 """The per-workload restart scheduler: batching, one restart per window, retries.
 
-Claims on one workload are due at the earliest ``since + minRestartInterval`` (at once
-when ``since`` is unknown), never within a window of its last ``restartedAt``. A restart
-is one patch, conditional on the resourceVersion just read, of ``restartedAt`` and the
-record of every HimitsuSecret naming the workload. See docs/design/restarts.md.
+Claims on a workload are due at ``since + minRestartInterval`` (at once when ``since`` is
+unknown), never within a window of its last ``restartedAt``. A restart is one patch, on
+the resourceVersion just read, of ``restartedAt`` and the record of every holder.
 """
-
 from __future__ import annotations
 
 import threading
@@ -38,6 +36,7 @@ class Claim(NamedTuple):
     # The data's digest and the target's id check: a record of another id minted for these
     # bytes is as good (the target's id was edited by hand).
     bound: tuple[str | None, str | None] = (None, None)
+    recorded: bool = False  # the status shows the workload's record landed
 
 
 class Outcome(NamedTuple):
@@ -74,10 +73,7 @@ class Scheduler:
                     metrics.count_rollout("coalesced")  # a further change, batched
                 claim = claim._replace(since=before.since)  # the window the first one opened
             slot.claims[claim.holder] = claim
-            # a claim whose record has not landed yet waits for its retry, not the window
-            due = max(self._due(slot) if claim.holder in slot.recorded else 0.0,
-                      slot.retry_at)
-            if before is not None and now < due:
+            if before is not None and now < (due := self._due(slot, claim.holder)):
                 return Outcome(due)
             try:
                 return self._evaluate(key, slot, claim, now)
@@ -87,7 +83,7 @@ class Scheduler:
                 if not isinstance(exc, Conflict):
                     metrics.count_rollout("failed")
                 return Outcome(slot.retry_at, message="" if isinstance(exc, Conflict) else
-                               f"{refused(*key[1:], exc)}; retrying with backoff")
+                               f"{refused(*key[1:], exc, claim.recorded)}; retrying with backoff")
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
         """A workload without a record for ``holder`` gets ``value``; a 409 is read again
@@ -134,8 +130,7 @@ class Scheduler:
             del slot.claims[claim.holder]  # and the restart that rolled it out, if one did:
             return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0,
                            recorded=True)
-        due = max(self._due(slot), slot.retry_at)
-        if now < due:
+        if now < (due := self._due(slot, claim.holder)):
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
@@ -151,9 +146,12 @@ class Scheduler:
         slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
         return Outcome(None, now, recorded=True)
 
-    def _due(self, slot: _Slot) -> float:
-        return min((max(c.since or 0.0, slot.restarted) + c.window
-                    for c in slot.claims.values()), default=float("inf"))
+    def _due(self, slot: _Slot, holder: str) -> float:
+        """Not before the retry; nor, once ``holder``'s record landed, within a window."""
+        if holder not in slot.recorded:
+            return slot.retry_at
+        return max(slot.retry_at, min((max(c.since or 0.0, slot.restarted) + c.window
+                                       for c in slot.claims.values()), default=float("inf")))
 
     def _patch(self, key: Key, workload: Mapping[str, Any], record: Mapping[str, str], *,
                restart: float | None = None) -> dict[str, Any]:
