@@ -47,15 +47,13 @@ def unreferenced(kind: str, name: str, secret: str, holder: str) -> str:
 
 
 def refused(kind: str, name: str, exc: Exception, recorded: bool) -> str:
-    """A failed read or patch. It says ``restarting`` exactly when the workload's record
-    landed (``recording`` else); a 403 is almost always an install without the RBAC."""
-    text = str(exc)
-    if not text.startswith(("reading", "restarting")):
-        text = f"restarting {kind} {name!r} failed: {text}"
-    if recorded and text.startswith("reading"):  # a read after the record landed
-        text = f"restarting {kind} {name!r} failed: {text}"
-    elif not recorded and text.startswith("restarting"):  # the patch of its record
-        text = "recording" + text.removeprefix("restarting")
+    """A failed read or patch, said as ``restarting`` once the workload's record landed,
+    as ``recording`` before; a 403 is almost always an install without the RBAC."""
+    text, doing = str(exc), "restarting" if recorded else "recording"
+    if text.startswith("restarting"):
+        text = doing + text.removeprefix("restarting")
+    elif recorded or not text.startswith("reading"):
+        text = f"{doing} {kind} {name!r} failed: {text}"
     if getattr(exc, "status", 0) == 403:
         text += (f"; rollout restarts need get and patch on {kind}s, which this install "
                  "may not grant: enable them (Helm: --set rolloutRestarts.enabled=true; "

@@ -1,8 +1,6 @@
-"""When a HimitsuSecret's workloads owe a restart: the data their pods were started with.
-
-A write of other bytes stamps a new random data id on the target (``data_id``); each named
-workload records the id its pods were started with, before that write (``before_change``);
-a restart is owed while the two differ. Why, and the edge cases: docs/design/restarts.md.
+"""When a HimitsuSecret's workloads owe a restart: a write of other bytes stamps a new
+random data id on the target (``data_id``), each named workload records the id its pods
+were started with (``before_change``), and a restart is owed while the two differ.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did no
 
 
 def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
-    """The id to stamp for data ``digest``: the one the target or this process holds for
-    these bytes, else a new one (for bytes put back too)."""
+    """The id to stamp for data ``digest``: the one held for these bytes, else a new one."""
     if mem.data_id is None:
         learn(mem, target)
     ann = annotations_of(target)
@@ -54,8 +51,7 @@ class Restarts:
 
     def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
                       ) -> None:
-        """A write is about to put other bytes in ``target``: each named workload without a
-        record gets what its pods have now. Only a transient failure holds the write back."""
+        """A write will put other bytes in ``target``: a workload without a record gets one."""
         ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
             return  # no pod can have read a missing target
@@ -86,8 +82,7 @@ class Restarts:
         self.scheduler.release(namespace, name)
 
     def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
-        """Settle each named workload not known to have the data; write the status entries.
-        When to ask again (None: nothing is owed)."""
+        """Settle the workloads owed a restart, write their status entries; the next wake."""
         ns, entries, wakes = ctx.owner.namespace, [], {}
         if mem.data_id is None:  # else as the cached target shows it, when it holds our data
             target = self._kube.get_secret(ns, spec.target.name, cached=True)
@@ -163,8 +158,7 @@ class Restarts:
 
 
 def _recorded(entry: Mapping[str, Any]) -> bool:
-    """The status shows the workload's record landed: an entry without a warning, or with
-    one that says ``restarting`` (``references.refused``)."""
+    """The status shows the workload's record landed (a warning says ``restarting``)."""
     warning = str(entry.get("warning") or "")
     return bool(entry) and (not warning or warning.startswith("restarting"))
 

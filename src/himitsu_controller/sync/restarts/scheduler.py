@@ -1,9 +1,8 @@
-"""The per-workload restart scheduler: batching, one restart per window, retries.
-
-Claims on a workload are due at ``since + minRestartInterval`` (at once when ``since`` is
-unknown), never within a window of its last ``restartedAt``. A restart is one patch, on
-the resourceVersion just read, of ``restartedAt`` and the record of every holder.
+"""The per-workload restart scheduler: claims on a workload are due at ``since +
+minRestartInterval`` (at once when ``since`` is unknown), never within a window of its last
+``restartedAt``; a restart is one patch of ``restartedAt`` and every holder's record.
 """
+
 from __future__ import annotations
 
 import threading
@@ -76,14 +75,18 @@ class Scheduler:
             if before is not None and now < (due := self._due(slot, claim.holder)):
                 return Outcome(due)
             try:
-                return self._evaluate(key, slot, claim, now)
+                out = self._evaluate(key, slot, claim, now)
             except KubeError as exc:  # a 409 too (the workload changed since it was read)
                 slot.failures += 1
                 slot.retry_at = now + schedule.backoff(slot.failures, 0.0)
-                if not isinstance(exc, Conflict):
-                    metrics.count_rollout("failed")
-                return Outcome(slot.retry_at, message="" if isinstance(exc, Conflict) else
-                               f"{refused(*key[1:], exc, claim.recorded)}; retrying with backoff")
+                if isinstance(exc, Conflict):
+                    return Outcome(slot.retry_at)
+                metrics.count_rollout("failed")
+                return Outcome(slot.retry_at, message=f"{refused(*key[1:], exc, claim.recorded)}"
+                               "; retrying with backoff")
+            if out.wake is None:
+                slot.claims.pop(claim.holder, None)
+            return out
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
         """A workload without a record for ``holder`` gets ``value``; a 409 is read again
@@ -114,29 +117,26 @@ class Scheduler:
     def _evaluate(self, key: Key, slot: _Slot, claim: Claim, now: float) -> Outcome:
         workload = self._workloads.get_workload(*key)
         if workload is None or not allowed(workload, claim.holder, claim.secret):
-            del slot.claims[claim.holder]
             metrics.count_rollout("missing" if workload is None else "skipped_unreferenced")
             return Outcome(None, message=unreferenced(*key[1:], claim.secret, claim.holder)
                            if workload else f"{key[1]} {key[2]!r} not found: nothing to restart")
         record = record_of(workload)
-        if claim.holder not in record:  # first named: its pods have what the target holds
+        if claim.holder not in record:  # first named: its pods have ``baseline``
             workload = self._patch(key, workload, {**record, claim.holder: claim.baseline})
             record[claim.holder] = claim.baseline
         slot.recorded.add(claim.holder)
         slot.restarted = max(slot.restarted, _restarted_at(workload, now))
         digest, check = claim.bound
         if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
-                record[claim.holder], digest) == check):  # or restarted by someone else
-            del slot.claims[claim.holder]  # and the restart that rolled it out, if one did:
-            return Outcome(None, slot.restarted if (claim.since or now) <= slot.restarted else 0,
-                           recorded=True)
+                record[claim.holder], digest) == check):  # the data rolled out, by a restart
+            restarted = slot.restarted if (claim.since or now) <= slot.restarted else 0
+            return Outcome(None, restarted, recorded=True)  # that did it, if one did
         if now < (due := self._due(slot, claim.holder)):
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
-            del slot.claims[claim.holder]
             return Outcome(None, recorded=True)
         new = {h: i for h, i in record.items() if h in names} | ids
         self._patch(key, workload, new, restart=now)
