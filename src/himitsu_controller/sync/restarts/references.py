@@ -1,9 +1,6 @@
-"""May a HimitsuSecret restart a workload: the Secrets its pods read, or its owner's consent.
-
-Pods read a Secret through ``envFrom``, ``env`` ``secretKeyRef`` (init containers too), or
-a ``secret`` or projected volume a container mounts. Any other workload is restarted only
-with its owner's consent (``himitsu.io/allow-restart-by``: names, or ``*``): whoever may
-create a HimitsuSecret must not restart every workload of the namespace by naming it.
+"""May a HimitsuSecret restart a workload: its pods read the target (``envFrom``, ``env``,
+a mounted ``secret`` or projected volume), or its owner consents with the annotation
+``himitsu.io/allow-restart-by`` (names, or ``*``). Why: docs/design/restarts.md.
 """
 
 from __future__ import annotations

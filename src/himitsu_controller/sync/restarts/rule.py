@@ -1,6 +1,7 @@
-"""When a HimitsuSecret's workloads owe a restart: a write of other bytes stamps a new
-random data id on the target (``data_id``), each named workload records the id its pods
-were started with (``before_change``), and a restart is owed while the two differ.
+"""When a HimitsuSecret's workloads owe a restart: while the data id each one records for
+its pods (``before_change``) differs from the one stamped on the target (``data_id``).
+
+Why this is level-based and leaks nothing, and the edge cases: docs/design/restarts.md.
 """
 
 from __future__ import annotations

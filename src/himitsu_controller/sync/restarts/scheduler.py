@@ -1,6 +1,6 @@
-"""The per-workload restart scheduler: claims on a workload are due at ``since +
-minRestartInterval`` (at once when ``since`` is unknown), never within a window of its last
-``restartedAt``; a restart is one patch of ``restartedAt`` and every holder's record.
+"""The per-workload restart scheduler: batching, one restart per window, retries.
+
+When claims fall due, and why: docs/design/restarts.md, "Windows, batching and retries".
 """
 
 from __future__ import annotations
