@@ -15,24 +15,22 @@ __all__ = ["allowed", "refused", "secrets_read", "unreferenced"]
 
 def allowed(workload: Mapping[str, Any], holder: str, secret: str) -> bool:
     """HimitsuSecret ``holder``, whose target is ``secret``, may restart ``workload``."""
-    raw = _map(_map(workload.get("metadata")).get("annotations")).get(api.ANN_ALLOW_RESTART_BY)
+    raw = _at(workload, "metadata", "annotations", api.ANN_ALLOW_RESTART_BY)
     consent = {part.strip() for part in raw.split(",")} if isinstance(raw, str) else set()
     return secret in secrets_read(workload) or "*" in consent or holder in consent
 
 
 def secrets_read(workload: Mapping[str, Any]) -> set[str]:
     """Names of the Secrets the pods of ``workload`` (apps/v1) read."""
-    pod = _map(_map(_map(workload.get("spec")).get("template")).get("spec"))
-    containers = [_map(c) for f in ("initContainers", "containers") for c in _list(pod.get(f))]
-    mounted = {_map(m).get("name") for c in containers for m in _list(c.get("volumeMounts"))}
-    names = {_map(_map(s).get("secretRef")).get("name")
-             for c in containers for s in _list(c.get("envFrom"))}
-    names |= {_map(_map(_map(v).get("valueFrom")).get("secretKeyRef")).get("name")
-              for c in containers for v in _list(c.get("env"))}
-    for volume in (v for v in map(_map, _list(pod.get("volumes"))) if v.get("name") in mounted):
-        names.add(_map(volume.get("secret")).get("secretName"))
-        names |= {_map(_map(s).get("secret")).get("name")
-                  for s in _list(_map(volume.get("projected")).get("sources"))}
+    pod = _at(workload, "spec", "template", "spec")
+    containers = [c for f in ("initContainers", "containers") for c in _list(_at(pod, f))]
+    mounted = {_at(m, "name") for c in containers for m in _list(_at(c, "volumeMounts"))}
+    names = {_at(s, "secretRef", "name") for c in containers for s in _list(_at(c, "envFrom"))}
+    names |= {_at(v, "valueFrom", "secretKeyRef", "name")
+              for c in containers for v in _list(_at(c, "env"))}
+    for volume in (v for v in _list(_at(pod, "volumes")) if _at(v, "name") in mounted):
+        names.add(_at(volume, "secret", "secretName"))
+        names |= {_at(s, "secret", "name") for s in _list(_at(volume, "projected", "sources"))}
     return {str(n) for n in names if n}
 
 
@@ -59,8 +57,11 @@ def refused(kind: str, name: str, exc: Exception, recorded: bool) -> str:
     return text
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+def _at(value: Any, *path: str) -> Any:
+    """``value[path[0]][path[1]]...``, or None where a step is not a mapping."""
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
 
 
 def _list(value: Any) -> list[Any]:
