@@ -126,8 +126,7 @@ class Restarts:
         return min(wakes.values(), default=None)
 
     def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
-        """Every HimitsuSecret naming the workload: its target, and the id it holds (read
-        directly: memory and caches may lag a write whose answer was lost)."""
+        """Each HimitsuSecret naming the workload: its target, the id it holds (read fresh)."""
         found: dict[str, tuple[str, str | None]] = {}
         for obj in self._kube.list_himitsu_secrets():
             meta = obj.get("metadata") or {}

@@ -32,9 +32,7 @@ class Claim(NamedTuple):
     since: float | None  # when this process saw that data arrive (None: before it looked)
     window: float  # its minRestartInterval
     baseline: str  # the record a workload without one gets: what its pods have
-    # The data's digest and the target's id check: a record of another id minted for these
-    # bytes is as good (the target's id was edited by hand).
-    bound: tuple[str | None, str | None] = (None, None)
+    bound: tuple[str | None, str | None] = (None, None)  # the data's digest, the id's check
     recorded: bool = False  # the status shows the workload's record landed
 
 
@@ -62,8 +60,7 @@ class Scheduler:
         self._lock = threading.Lock()
 
     def settle(self, key: Key, claim: Claim) -> Outcome:
-        """Read the workload (unless this holder's claim is known and not due), record
-        it, restart it when due."""
+        """Read the workload (unless the claim is known, not due), record, restart if due."""
         with self._lock:  # one for all: restarts are rare, and never two of one workload
             slot = self._slots.setdefault(key, _Slot())
             now, before = self._now(), slot.claims.get(claim.holder)
@@ -89,8 +86,7 @@ class Scheduler:
             return out
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
-        """A workload without a record for ``holder`` gets ``value``; a 409 is read again
-        (client-go's RetryOnConflict). KubeError if refused."""
+        """A workload without a record for ``holder`` gets ``value``; a 409: read again."""
         with self._lock:
             for attempt in range(1, CONFLICT_RETRIES + 1):
                 workload = self._workloads.get_workload(*key)
@@ -128,9 +124,9 @@ class Scheduler:
         slot.restarted = max(slot.restarted, _restarted_at(workload, now))
         digest, check = claim.bound
         if record[claim.holder] == claim.data_id or (digest and check and api.data_id_check(
-                record[claim.holder], digest) == check):  # the data rolled out, by a restart
+                record[claim.holder], digest) == check):  # an id minted for these bytes
             restarted = slot.restarted if (claim.since or now) <= slot.restarted else 0
-            return Outcome(None, restarted, recorded=True)  # that did it, if one did
+            return Outcome(None, restarted, recorded=True)  # the restart that did it, if any
         if now < (due := self._due(slot, claim.holder)):
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
