@@ -7,7 +7,6 @@ import copy
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from reconcile_world import KEY, NAME, NS, TARGET, World, fetched, merge_world, values
 from test_restarts import _other, changed, tick, two_holders
 
@@ -214,10 +213,6 @@ def test_a_deleted_target_whose_first_repair_failed_keeps_its_data_id_and_restar
     assert stamp_of(world) == before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review-r2: a restart rewrites the record from the HimitsuSecrets whose spec parses "
-    "(Restarts._current skips InvalidSpec): a co-holder's record is dropped while its spec "
-    "is briefly invalid, and after an operator restart that holder restarts the workload"))
 def test_a_restart_while_a_co_holder_s_spec_is_invalid_costs_no_extra_restart_later() -> None:
     """Item 3: an operator restart restarts nothing. The operator itself must not remove
     the record of a HimitsuSecret that still names the workload (a typo being fixed)."""

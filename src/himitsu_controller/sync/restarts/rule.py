@@ -126,16 +126,18 @@ class Restarts:
         return min(wakes.values(), default=None)
 
     def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
-        """Each HimitsuSecret naming the workload: its target, the id it holds (read fresh)."""
+        """Each HimitsuSecret naming the workload: its target, the id it holds (read fresh).
+        One whose spec is invalid (a typo being fixed) may name it: its record is kept."""
         found: dict[str, tuple[str, str | None]] = {}
         for obj in self._kube.list_himitsu_secrets():
             meta = obj.get("metadata") or {}
             try:
                 spec = api.parse_spec(obj) if meta.get("namespace") == key[0] else None
             except api.InvalidSpec:
+                found[meta["name"]] = ("", None)
                 continue
             if spec and any((t.kind, t.name) == key[1:] for t in spec.rollout.targets):
-                owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid")))
+                owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid") or ""))
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
                 ours = holds_own_data(target, owner=owner, spec=spec)
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
