@@ -5,14 +5,15 @@ which fails the suite) the day the fix lands: then drop the mark."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from reconcile_world import NAME, NS, World, fetched, values
+from reconcile_world import KEY, NAME, NS, World, fetched, values
 from test_restarts_review import restarts, rollout_world, settle_304
 
 from himitsu_controller import api, himitsu
-from himitsu_controller.sync.ports import KubeError
+from himitsu_controller.sync.ports import Conflict, KubeError
 from himitsu_controller.sync.restarts.scheduler import record_of
 
 WORKLOAD = (NS, "Deployment", "web")
@@ -53,3 +54,36 @@ def test_a_restart_owed_on_create_whose_first_patch_failed_is_not_lost_to_a_drop
     for _ in range(3):
         result = settle_304(world, result)
     assert len(restarts(world)) == 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review3 (older than this diff): Scheduler.settle gives a change's claim the 'since' "
+    "of the claim still waiting for the workload's first record (409s), which owed no "
+    "restart: the change is restarted within seconds, and one 10 s later costs a second"))
+def test_changes_within_one_window_after_a_first_record_lost_to_409s_are_one_restart(
+) -> None:
+    """Item 3: several changes within the window are one restart, with the last data,
+    even when the workload's first record lost 409 races (a Deployment starting). Without
+    the 409s the same two changes are one restart (t=115, with the last data)."""
+    world = rollout_world(minRestartInterval="1m", refreshInterval="10s")
+    world.kube.fail_next["patch_workload"] = [_conflict() for _ in range(50)]
+    world.sync(5)  # t=0: the target written; the workload's record waits (409s)
+    assert record_of(world.kube.workloads[WORKLOAD]) == {}
+    world.clock.advance(55)  # the 409s stop
+    world.kube.fail_next.clear()
+    result = world.reconcile(fetched(6, values(tag="b")))  # t=55: a change (record first)
+    version, start = 6, world.clock.now
+    while world.clock.now - start < timedelta(seconds=80):
+        world.clock.advance(result.requeue_after or 10.0)
+        late = version == 6 and world.clock.now - start >= timedelta(seconds=9)
+        version = 7 if late else version  # t=65: another change, within the window
+        world.fetcher.script[:] = [fetched(7, values(tag="c")) if late
+                                   else himitsu.NotModified(version)]
+        result = world.reconciler.reconcile(KEY)
+        world.fetcher.script.clear()
+    assert world.data() == values(tag="c")
+    assert len(restarts(world)) == 1, restarts(world)
+
+
+def _conflict() -> Exception:
+    return Conflict("Deployment 'web' changed while patching", status=409)
