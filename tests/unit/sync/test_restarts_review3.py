@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from reconcile_world import KEY, NAME, NS, World, fetched, values
+from test_restarts import _other, changed, tick, two_holders
 from test_restarts_review import restarts, rollout_world, settle_304
 
 from himitsu_controller import api, himitsu
@@ -99,7 +100,6 @@ def test_a_restart_while_a_co_holder_s_spec_is_invalid_records_what_its_pods_now
     bytes and the operator restarted before ``other`` settled its restart (a failover);
     its spec is invalid for a moment; app-config's change restarts web, whose new pods
     read other-secrets' new bytes too: fixing the typo must not cost a second restart."""
-    from test_restarts import _other, changed, tick, two_holders
     world = two_holders()
     world.clock.advance(60)
     _other(world, fetched(6, changed("o")))  # other-secrets changes: a restart is owed
