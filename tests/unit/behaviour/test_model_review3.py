@@ -130,3 +130,30 @@ def test_a_restart_owed_across_a_failover_and_a_stall_has_its_wake_in_time() -> 
     model.stall(seconds=2.0)
     model.nothing_broken()
     model.teardown()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review3 (seed 23, checks restart+fresh+rendered; not analysed, no token rotation "
+    "involved): after a crash, three lost Kubernetes writes, a change, a 6 s stall and "
+    "a Merge successor, a force-sync reports Synced at version 3 when Himitsu has been "
+    "at 4 for 5 s"))
+def test_a_force_sync_after_a_merge_successor_reports_himitsu_s_current_version() -> None:
+    model = SyncModel()
+    _, s1, s2 = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
+                             first=[(2, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue"),
+                                    (1, "e1", "tok-a", "10s", "Merge", "Opaque", "KeyValue"),
+                                    (0, "e1", "tok-a", "10s", "Owner", "Opaque", "KeyValue")])
+    model.nothing_broken()
+    model.crash_between_the_secret_write_and_the_restart(key="A", slot=s2, value="v6")
+    model.nothing_broken()
+    model.kube_fails(count=3, mode="lost")
+    model.nothing_broken()
+    model.set_value(env="e1", key="A", value="v1")
+    model.nothing_broken()
+    model.stall(seconds=6.0)
+    model.nothing_broken()
+    model.successor(gone=s1, heir=s2)
+    model.nothing_broken()
+    model.force_sync(slot=s2)
+    model.nothing_broken()
+    model.teardown()
