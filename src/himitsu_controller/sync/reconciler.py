@@ -269,9 +269,9 @@ class HimitsuSecretReconciler:
 
     def _next_due(self, spec: api.Spec, mem: Memory, answer: _Answer) -> float | None:
         """The next poll: an interval after the answer held (a quiet wake keeps the one
-        scheduled), sooner when that answer must be revalidated."""
+        scheduled, if one is), sooner when that answer must be revalidated."""
         due = mem.due
-        if not answer.quiet or mem.interval != spec.refresh_interval:
+        if not answer.quiet or due is None or mem.interval != spec.refresh_interval:
             due = schedule.next_due(
                 spec.refresh_interval, answered=answer.answered,
                 fraction=self._rng() if answer.result.jitter is None else answer.result.jitter)

@@ -22,11 +22,6 @@ def _two_on_one_source() -> tuple[SyncModel, int, int]:
     return model, s0, s1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3: after a crash, a 5xx on the shared source (Memory.failed sets due=None), then "
-    "a quiet wake (a held answer) keeps due=None (reconciler._next_due): Result() with no "
-    "requeue, a 10 s HimitsuSecret is never polled again; 'or due is None' in _next_due's "
-    "condition makes this and the next test pass"))
 def test_a_himitsusecret_polled_every_10s_keeps_a_wake_after_a_crash_and_a_failed_poll(
 ) -> None:
     model, s0, s1 = _two_on_one_source()
@@ -39,9 +34,6 @@ def test_a_himitsusecret_polled_every_10s_keeps_a_wake_after_a_crash_and_a_faile
     model.teardown()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3: the same lost wake seen as stale data: after a quiet period h1 still holds "
-    "version 2 while Himitsu has been at 3"))
 def test_a_himitsusecret_polled_every_10s_reaches_himitsu_s_version_after_a_crash() -> None:
     model, s0, s1 = _two_on_one_source()
     model.crash_between_the_secret_write_and_the_restart(key="A", slot=s0, value="v6")
