@@ -32,11 +32,6 @@ def fail_restart_patches(world: World, count: int) -> None:
     world.kube.patch_workload = patch_workload  # type: ignore[method-assign]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3: the warning of a failure says 'recording' by the status entry's old state "
-    "(Claim.recorded), not by whether the record landed in this very evaluation; the "
-    "status then says the record never landed, and after a record drop the restart owed "
-    "on create is lost (rule.py: the baseline is then what the target holds)"))
 def test_a_restart_owed_on_create_whose_first_patch_failed_is_not_lost_to_a_dropped_record(
 ) -> None:
     """Item 3: rolloutRestartOnCreate restarts the workload once; a record another tool
@@ -57,10 +52,6 @@ def test_a_restart_owed_on_create_whose_first_patch_failed_is_not_lost_to_a_drop
     assert len(restarts(world)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3 (older than this diff): Scheduler.settle gives a change's claim the 'since' "
-    "of the claim still waiting for the workload's first record (409s), which owed no "
-    "restart: the change is restarted within seconds, and one 10 s later costs a second"))
 def test_changes_within_one_window_after_a_first_record_lost_to_409s_are_one_restart(
 ) -> None:
     """Item 3: several changes within the window are one restart, with the last data,

@@ -67,7 +67,8 @@ class Scheduler:
             if before is not None:
                 if before.data_id != claim.data_id:
                     metrics.count_rollout("coalesced")  # a further change, batched
-                claim = claim._replace(since=before.since)  # the window the first one opened
+                if claim.holder in slot.recorded:  # else the first owed nothing yet
+                    claim = claim._replace(since=before.since)  # the window it opened
             slot.claims[claim.holder] = claim
             if before is not None and now < (due := self._due(slot, claim.holder)):
                 return Outcome(due)
@@ -79,7 +80,8 @@ class Scheduler:
                 if isinstance(exc, Conflict):
                     return Outcome(slot.retry_at)
                 metrics.count_rollout("failed")
-                return Outcome(slot.retry_at, message=f"{refused(*key[1:], exc, claim.recorded)}"
+                landed = claim.recorded or claim.holder in slot.recorded
+                return Outcome(slot.retry_at, message=f"{refused(*key[1:], exc, landed)}"
                                "; retrying with backoff")
             if out.wake is None:
                 slot.claims.pop(claim.holder, None)
@@ -147,7 +149,8 @@ class Scheduler:
         if holder not in slot.recorded:
             return slot.retry_at
         return max(slot.retry_at, min((max(c.since or 0.0, slot.restarted) + c.window
-                                       for c in slot.claims.values()), default=float("inf")))
+                                       for c in slot.claims.values()
+                                       if c.holder in slot.recorded), default=float("inf")))
 
     def _patch(self, key: Key, workload: Mapping[str, Any], record: Mapping[str, str], *,
                restart: float | None = None) -> dict[str, Any]:
