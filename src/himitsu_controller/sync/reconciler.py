@@ -195,7 +195,8 @@ class HimitsuSecretReconciler:
         poll is due (a foreign annotation or Merge key, a spec edit keeping the source)."""
         held = wakes.held_answer(self._kube, ctx, spec, mem, inputs.target, now=inputs.began,
                                  consistent=inputs.consistent) \
-            if inputs.intact and not (inputs.forced or inputs.moved) else None
+            if inputs.held and not (inputs.forced or inputs.moved) else None  # a replaced
+        # token (same spec) is sent by the next poll due (docs/syncing.md), not by this wake
         # If-None-Match only for a target holding what the status says, for this spec.
         known = ctx.status.config_version if inputs.consistent and not inputs.forced \
             and ctx.status.observed_generation == ctx.generation else None
@@ -209,7 +210,8 @@ class HimitsuSecretReconciler:
         answered = polled - result.age
         # Written from an answer older than this reconcile: one revalidation soon.
         mem.asked(inputs.source, began=inputs.began, answered=answered,
-                  stale=retry is not None or (not inputs.intact and answered < inputs.began))
+                  stale=retry is not None or (held is None and not inputs.intact
+                                              and answered < inputs.began))
         # Lateness is a timed poll's only, against the interval it was due under.
         timed = schedule.is_due(polled, mem.due)
         if timed:
@@ -372,10 +374,13 @@ class HimitsuSecretReconciler:
         rendered: dict[str, str], version: int,
     ) -> bool:
         digest, before = render.data_hash(rendered), targets.annotations_of(target)
+        # A target gone that this process never saw (it started since): when its data
+        # arrived is not known, so a restart owed for it is due at once.
+        unknown = target is None and mem.data_id is None and ctx.status.config_version is not None
         data_id = restarts.data_id(mem, target, digest)
         try:
             if spec.rollout.targets and digest != before.get(api.ANN_DATA_HASH):
-                self._restarts.before_change(ctx, spec, target)  # what the pods have, first
+                self._restarts.before_change(ctx, spec, target, mem)  # what pods have, first
             done = writes.write(self._kube, owner=ctx.owner, spec=spec, target=target,
                                 rendered=rendered, version=version, data_id=data_id)
         except writes.Refused as exc:
@@ -393,8 +398,8 @@ class HimitsuSecretReconciler:
             mem.target_unknown(data_id)  # the write may have landed
             raise _Failure("WriteFailure", str(exc)) from None
         if spec.rollout.targets:
-            restarts.learn(mem, done.secret, since=self._clock()
-                           if data_id != before.get(api.ANN_DATA_ID) else None)
+            restarts.learn(mem, done.secret, since=None if unknown or data_id == before.get(
+                api.ANN_DATA_ID) else self._clock())
         mem.wrote(resource_version(done.secret), sent=done.wrote)
         return done.data_changed
 

@@ -114,11 +114,6 @@ def test_a_restart_while_a_co_holder_s_spec_is_invalid_records_what_its_pods_now
     assert len(restarts(world)) == 1, restarts(world)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3 (older than this diff): after a restart or failover, a first poll that "
-    "brings new bytes gets since=None (Memory.target_holds 'unsure': the workloads were "
-    "not looked at yet), so it is restarted at once although the workload's record shows "
-    "nothing was owed; a second change a few seconds later costs a second restart"))
 def test_changes_within_one_window_after_a_failover_are_one_restart() -> None:
     """Item 3: several changes within the window are one restart with the last data; an
     operator restart or failover changes nothing of that (the record shows the pods had

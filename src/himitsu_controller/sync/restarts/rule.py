@@ -51,8 +51,9 @@ class Restarts:
         self.scheduler = Scheduler(kube, now=now, current=self._current)
 
     def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
-                      ) -> None:
-        """A write will put other bytes in ``target``: a workload without a record gets one."""
+                      mem: Memory) -> None:
+        """A write will put other bytes in ``target``: a workload without a record gets one;
+        one whose record is the target's id owes nothing (the change opens its window)."""
         ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
             return  # no pod can have read a missing target
@@ -60,8 +61,10 @@ class Restarts:
         value = (ann.get(api.ANN_DATA_ID) if ours else None) or NOT_OURS
         for t in (t for t in spec.rollout.targets if t.supported):
             try:
-                self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name), ctx.owner.name,
-                                        spec.target.name, value)
+                had = self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name),
+                                              ctx.owner.name, spec.target.name, value)
+                if had is not None and had == (ann.get(api.ANN_DATA_ID) if ours else None):
+                    mem.rolled_out((t.kind, t.name), had)
             except KubeError as exc:  # a 403 (no restart RBAC), 400 or 422 lasts: go on
                 if exc.status in (0, 409, 429) or exc.status >= 500:
                     raise

@@ -87,20 +87,24 @@ class Scheduler:
                 slot.claims.pop(claim.holder, None)
             return out
 
-    def baseline(self, key: Key, holder: str, secret: str, value: str) -> None:
-        """A workload without a record for ``holder`` gets ``value``; a 409: read again."""
+    def baseline(self, key: Key, holder: str, secret: str, value: str) -> str | None:
+        """A workload without a record for ``holder`` gets ``value``; a 409: read again.
+        The record it had (None: none, no workload, or not one ``holder`` may restart)."""
         with self._lock:
             for attempt in range(1, CONFLICT_RETRIES + 1):
                 workload = self._workloads.get_workload(*key)
                 record = record_of(workload or {})
-                if workload is None or not allowed(workload, holder, secret) or holder in record:
-                    return
+                if workload is None or not allowed(workload, holder, secret):
+                    return None
+                if holder in record:
+                    return record[holder]
                 try:
                     self._patch(key, workload, {**record, holder: value})
-                    return
+                    return None
                 except Conflict:
                     if attempt == CONFLICT_RETRIES:
                         raise
+            return None
 
     def release(self, namespace: str, holder: str, *, keep: frozenset[Key] = frozenset()) -> None:
         """``holder`` owes no restart to the workloads of ``namespace`` but ``keep``."""
