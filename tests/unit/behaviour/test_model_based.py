@@ -58,6 +58,7 @@ from model_rollout import spec_fields, workload
 from model_world import API_URL, ENVS, NS, PROJECT, TOKENS, World
 
 from himitsu_controller import api
+from himitsu_controller.runtime.client.errors import ApiError
 
 # A longer hunt: HIMITSU_MODEL_EXAMPLES=1000 (the same draws, more of them).
 MAX_EXAMPLES = int(os.environ.get("HIMITSU_MODEL_EXAMPLES", "250"))
@@ -257,7 +258,12 @@ class SyncModel(MergeRules, RuleBasedStateMachine):
         else:
             annotations["example.com/by-hand"] = "yes"
         if how != "delete":
-            server.update(SECRET, NS, f"t{slot}", secret)
+            try:
+                server.update(SECRET, NS, f"t{slot}", secret)
+            except ApiError as exc:  # the apiserver refuses it (a tls Secret needs its
+                if exc.status != 422:  # keys): the user's edit never happened
+                    raise
+                how = "refused"
         hsec = server.get(HSEC, NS, f"h{slot}")
         # An edit that leaves what we wrote intact (a foreign key added to a Merge target,
         # metadata) needs no full sync; the others do.

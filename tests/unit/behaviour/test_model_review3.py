@@ -6,9 +6,9 @@ replayed here as a strict xfail named after the guarantee it shows broken."""
 from __future__ import annotations
 
 import pytest
+from model_kube import SECRET
+from model_world import NS
 from test_model_based import SyncModel
-
-from himitsu_controller.runtime.client.errors import ApiError
 
 
 def _two_on_one_source() -> tuple[SyncModel, int, int]:
@@ -70,10 +70,9 @@ def test_a_restart_after_a_dropped_template_label_asks_himitsu_conditionally() -
     model.teardown()
 
 
-@pytest.mark.xfail(strict=True, raises=ApiError, reason=(
-    "review3 (model harness, not the operator): edit_target(remove_key) on a "
-    "kubernetes.io/tls target is refused 422 by the model apiserver (tls.crt is required) "
-    "and the rule raises instead of treating it as a refused user edit"))
+# review3 (the model harness, fixed): edit_target(remove_key) on a kubernetes.io/tls target
+# is refused 422 by the model apiserver (tls.crt is required): a refused user edit, which
+# the rule raised on.
 def test_the_model_s_user_edit_removing_a_required_tls_key_is_refused_not_raised() -> None:
     model = SyncModel()
     (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
@@ -85,6 +84,8 @@ def test_the_model_s_user_edit_removing_a_required_tls_key_is_refused_not_raised
     model.nothing_broken()
     model.edit_target(how="remove_key", slot=slot)
     model.nothing_broken()
+    target = model.world.server.get(SECRET, NS, f"t{slot}")
+    assert target is not None and {"tls.crt", "tls.key"} <= set(target["data"])  # refused
     model.teardown()
 
 
