@@ -105,12 +105,10 @@ def _format_edited_after_a_crash_and_a_leader_change() -> tuple[SyncModel, int]:
     return model, slot
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3 (seed 22; the ORACLE, not the operator): the restart at t=4 rolls out the "
-    "Dotenv bytes the target holds, but model_rollout.rendering() renders with the spec "
-    "as it is now (KeyValue), so the oracle believes the pods have the KeyValue data and "
-    "calls the restart for the KeyValue rewrite at t=8 needless; the pods' data should "
-    "be what the target holds at the restart"))
+# review3 (seed 22; the oracle, fixed): the restart at t=4 rolls out the Dotenv bytes the
+# target holds, but the oracle rendered with the spec as it is now (KeyValue), so it called
+# the restart for the KeyValue rewrite at t=8 needless; it now renders with the template the
+# target was last written with.
 def test_a_format_edit_s_rewrite_restarts_pods_started_with_the_old_format() -> None:
     model, slot = _format_edited_after_a_crash_and_a_leader_change()
     model.wake_not_due(how="annotate_target", n=0, slot=slot)
