@@ -31,6 +31,7 @@ class StatusWriter:
         self._kube = kube
         self._now = now
         self._written: dict[str, _Packed] = {}
+        self._unsure: set[str] = set()  # keys whose last write failed: applied or not
         self._lock = threading.Lock()
 
     def effective(self, key: str, obj: Mapping[str, Any]) -> api.Status:
@@ -115,7 +116,12 @@ class StatusWriter:
             if isinstance(entries, list) else []
 
     def rollouts(self, key: str, obj: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
-        """Write ``status.rolloutRestarts`` (removed when empty) if it changed."""
+        """Write ``status.rolloutRestarts`` (removed when empty) if it changed; not after a
+        write whose outcome is unknown (an answer lost: built on what we knew, it could undo
+        that write), which the next reconcile's write repeats."""
+        with self._lock:
+            if key in self._unsure:
+                return
         previous = self._current(key, obj)
         status = dict(previous)
         status["rolloutRestarts"] = entries or None
@@ -125,6 +131,7 @@ class StatusWriter:
     def forget(self, key: str) -> None:
         with self._lock:
             self._written.pop(key, None)
+            self._unsure.discard(key)
         namespace, _, name = key.partition("/")
         metrics.forget_ready(namespace, name)
 
@@ -172,7 +179,9 @@ class StatusWriter:
         lags = packed is not None and packed[1] == (obj.get("metadata") or {}).get(
             "resourceVersion")
         desired = {k: v for k, v in status.items() if v is not None}
-        if desired == previous and (lags or desired == (obj.get("status") or {})):
+        with self._lock:
+            unsure = key in self._unsure
+        if desired == previous and not unsure and (lags or desired == (obj.get("status") or {})):
             self._report(obj, previous)
         else:
             self._write(key, obj, status)
@@ -181,9 +190,15 @@ class StatusWriter:
         meta = obj.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         # The uid: a status computed from a deleted object never lands on its namesake.
-        self._kube.patch_status(namespace, name, status, uid=str(meta.get("uid", "")))
+        try:
+            self._kube.patch_status(namespace, name, status, uid=str(meta.get("uid", "")))
+        except Exception:
+            with self._lock:
+                self._unsure.add(key)
+            raise
         stored = {k: v for k, v in status.items() if v is not None}
         with self._lock:  # built on this copy of the object: see ``_remembered``
+            self._unsure.discard(key)
             self._written[key] = _pack(str(meta.get("uid", "")), meta.get("resourceVersion"),
                                        stored)
         self._report(obj, stored)

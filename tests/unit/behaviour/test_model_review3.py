@@ -6,9 +6,9 @@ replayed here as a strict xfail named after the guarantee it shows broken."""
 from __future__ import annotations
 
 import pytest
+from model_kube import SECRET
+from model_world import NS
 from test_model_based import SyncModel
-
-from himitsu_controller.runtime.client.errors import ApiError
 
 
 def _two_on_one_source() -> tuple[SyncModel, int, int]:
@@ -47,9 +47,13 @@ def test_a_himitsusecret_polled_every_10s_reaches_himitsu_s_version_after_a_cras
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "review3 (cause not analysed: oracle or operator): a template label dropped from the "
-    "target, then an operator restart: the new process asks Himitsu without If-None-Match "
-    "although the target holds version 2 (the 'quiet' check)"))
+    "review3 (the OPERATOR): a template label dropped from the target, then an operator "
+    "restart: the new process asks Himitsu without If-None-Match although the target's "
+    "data is intact at version 2 (the 'quiet' check; the contract: a conditional request "
+    "unless unsafe). reconciler._answer sends the version only for a consistent target "
+    "(every stamp in place); in-process the poller's memory makes it a 304, a new process "
+    "has none, so a secret read. Fix: known when inputs.intact, a 304 restamps around the "
+    "target's data its hash vouches for (as held_answer does for a spec edit)"))
 def test_a_restart_after_a_dropped_template_label_asks_himitsu_conditionally() -> None:
     model = SyncModel()
     (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.01,
@@ -62,10 +66,9 @@ def test_a_restart_after_a_dropped_template_label_asks_himitsu_conditionally() -
     model.teardown()
 
 
-@pytest.mark.xfail(strict=True, raises=ApiError, reason=(
-    "review3 (model harness, not the operator): edit_target(remove_key) on a "
-    "kubernetes.io/tls target is refused 422 by the model apiserver (tls.crt is required) "
-    "and the rule raises instead of treating it as a refused user edit"))
+# review3 (the model harness, fixed): edit_target(remove_key) on a kubernetes.io/tls target
+# is refused 422 by the model apiserver (tls.crt is required): a refused user edit, which
+# the rule raised on.
 def test_the_model_s_user_edit_removing_a_required_tls_key_is_refused_not_raised() -> None:
     model = SyncModel()
     (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,
@@ -77,6 +80,8 @@ def test_the_model_s_user_edit_removing_a_required_tls_key_is_refused_not_raised
     model.nothing_broken()
     model.edit_target(how="remove_key", slot=slot)
     model.nothing_broken()
+    target = model.world.server.get(SECRET, NS, f"t{slot}")
+    assert target is not None and {"tls.crt", "tls.key"} <= set(target["data"])  # refused
     model.teardown()
 
 
@@ -96,12 +101,10 @@ def _format_edited_after_a_crash_and_a_leader_change() -> tuple[SyncModel, int]:
     return model, slot
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3 (seed 22; the ORACLE, not the operator): the restart at t=4 rolls out the "
-    "Dotenv bytes the target holds, but model_rollout.rendering() renders with the spec "
-    "as it is now (KeyValue), so the oracle believes the pods have the KeyValue data and "
-    "calls the restart for the KeyValue rewrite at t=8 needless; the pods' data should "
-    "be what the target holds at the restart"))
+# review3 (seed 22; the oracle, fixed): the restart at t=4 rolls out the Dotenv bytes the
+# target holds, but the oracle rendered with the spec as it is now (KeyValue), so it called
+# the restart for the KeyValue rewrite at t=8 needless; it now renders with the template the
+# target was last written with.
 def test_a_format_edit_s_rewrite_restarts_pods_started_with_the_old_format() -> None:
     model, slot = _format_edited_after_a_crash_and_a_leader_change()
     model.wake_not_due(how="annotate_target", n=0, slot=slot)
@@ -112,9 +115,13 @@ def test_a_format_edit_s_rewrite_restarts_pods_started_with_the_old_format() -> 
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "review3 (seed 22; not analysed): after a crash, a leader change, three 5xx and a "
+    "review3 (seed 22; the OPERATOR): after a crash, a leader change, three 5xx and a "
     "format edit, an operator restart and a 2 s stall: h0 owes w0 a restart since t=1.0, "
-    "its wake is t=5.2 (due by t=5.0): a wake 0.2 s late, or the oracle's slack too tight"))
+    "its wake is t=5.2 (due by t=5.0). The new process's Restarts._step learns the id the "
+    "target holds only if holds_own_data, whose source hash includes the format: the "
+    "target (Dotenv, not yet rewritten: Himitsu 5xx) fails it, so nothing is decided and "
+    "only the fetch backoff wakes it; learning from a target whose bytes are its own "
+    "(owned-by and data hash, any source hash) makes the restart owed at once"))
 def test_a_restart_owed_across_a_failover_and_a_stall_has_its_wake_in_time() -> None:
     model, _ = _format_edited_after_a_crash_and_a_leader_change()
     model.restart()
@@ -124,11 +131,9 @@ def test_a_restart_owed_across_a_failover_and_a_stall_has_its_wake_in_time() -> 
     model.teardown()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3 (seed 23, checks restart+fresh+rendered; not analysed, no token rotation "
-    "involved): after a crash, three lost Kubernetes writes, a change, a 6 s stall and "
-    "a Merge successor, a force-sync reports Synced at version 3 when Himitsu has been "
-    "at 4 for 5 s"))
+# review3 (seed 23; the operator, fixed in status.py): the heir's TargetConflict status
+# patch is applied but its answer lost, then Restarts wrote the rollout entries over the
+# status the writer last knew: Ready=True Synced at the old version, after a force-sync.
 def test_a_force_sync_after_a_merge_successor_reports_himitsu_s_current_version() -> None:
     model = SyncModel()
     _, s1, s2 = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.0,

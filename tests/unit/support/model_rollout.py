@@ -3,7 +3,8 @@ Deployment ``w<slot>``, whose pods read the target ``t<slot>`` (half of them: wh
 model costs stays within its time budget, and the others prove nothing changes without).
 
 The oracle keeps the data ``w<slot>``'s pods were last started with, computed from
-Himitsu's history and the spec (``render``), never from the operator's record: when
+Himitsu's history and the spec the target was last written with (``render``; the
+``rendered`` check holds every write to it), never from the operator's record: when
 ``h<slot>`` is created (the workload is first named), what the target holds ("not ours"
 for someone else's Secret, as a Merge target's first sync finds; none yet for a missing
 target, or one h<slot>'s first sync creates: the pods start with what that write puts
@@ -23,6 +24,7 @@ there, issue 22 item 3), then the rendering at each restart. Checked (``restart`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +68,7 @@ class RolloutOracle:
         self.restarted_at: dict[str, float] = {}
         self.restarts: dict[str, int] = {}  # h<slot> -> restarts of w<slot> seen
         self.unwritten: set[str] = set()  # h<slot> created, its target not yet written by it
+        self.written_with: dict[str, api.Template] = {}  # h<slot> -> template of its last write
         self.started = 0.0  # when the current operator process started
         self.faulted = -1.0  # when a Kubernetes fault was last served
         self._patch: Mapping[str, Any] = {}
@@ -133,7 +136,12 @@ class RolloutOracle:
 
     def target_written(self, target: str, method: str) -> None:
         name = "h" + target.removeprefix("t")
-        first = name in self.unwritten and self.world.current == f"{NS}/{name}"
+        mine = self.world.current == f"{NS}/{name}"
+        if mine:  # the target holds this spec's rendering (the ``rendered`` check)
+            with contextlib.suppress(api.InvalidSpec):
+                self.written_with[name] = api.parse_spec(self.world.current_obj or {}
+                                                         ).target.template
+        first = name in self.unwritten and mine
         if first:
             self.unwritten.discard(name)
         was = self.pods.get(name)
@@ -184,7 +192,8 @@ class RolloutOracle:
 
     def rendering(self, name: str) -> dict[str, str] | None:
         """The rendering of Himitsu's data at the version the target's annotation names,
-        when ``name`` wrote the target."""
+        when ``name`` wrote the target, with the template of that write: what the target
+        holds (a format edit changes nothing until the target is rewritten)."""
         obj = self.world.server.get(HSEC, NS, name)
         if obj is None:
             return None
@@ -201,7 +210,7 @@ class RolloutOracle:
                 int(version) > self.world.himitsu.version(env) or \
                 ann.get(api.ANN_OWNED_BY) != name:  # another's, or a version edited by hand
             return None
-        tpl = spec.target.template
+        tpl = self.written_with.get(name, spec.target.template)
         try:
             return render.render(tpl.format, self.world.himitsu.data(env, int(version)),
                                  key=tpl.data_key)

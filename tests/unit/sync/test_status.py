@@ -282,3 +282,32 @@ def test_a_status_that_would_not_change_is_not_written_yet_reported(
     synced(writer, kube, changed=False)  # the same answer again (a wake that was not due)
     assert len(kube.status_patches) == patches
     assert gauge() == 1.0
+
+
+def test_a_status_write_whose_answer_was_lost_is_not_undone_by_the_rollout_entries(
+        writer: StatusWriter, kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by the model (review3, seed 23): a TargetConflict patch applied but its answer
+    # lost, then the reconcile's rollout entries written over the status the writer last
+    # knew: Ready=True Synced again, reported as a sync after a force-sync.
+    synced(writer, kube)
+    writer.rollouts(KEY, obj(kube), [{"kind": "Deployment", "name": "web"}])
+    stale = obj(kube)  # the reconcile's copy
+    applied = kube.patch_status
+
+    def lost(*args: Any, **kwargs: Any) -> None:
+        applied(*args, **kwargs)
+        raise KubeError("updating status of HimitsuSecret 'app-config' failed: 0", status=0)
+
+    monkeypatch.setattr(kube, "patch_status", lost)
+    with pytest.raises(KubeError):
+        writer.failed(KEY, stale, reason="TargetConflict", message="not ours", generation=2)
+    monkeypatch.setattr(kube, "patch_status", applied)
+    writer.rollouts(KEY, stale, [])  # the same reconcile: its workloads named no more
+
+    assert kube.status("apps", "app-config")["conditions"][0]["reason"] == "TargetConflict"
+    # The next reconcile writes both.
+    writer.failed(KEY, obj(kube), reason="TargetConflict", message="not ours", generation=2)
+    writer.rollouts(KEY, obj(kube), [])
+    status = kube.status("apps", "app-config")
+    assert status["conditions"][0]["reason"] == "TargetConflict"
+    assert "rolloutRestarts" not in status
