@@ -114,14 +114,6 @@ def test_a_format_edit_s_rewrite_restarts_pods_started_with_the_old_format() -> 
     model.teardown()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3 (seed 22; the OPERATOR): after a crash, a leader change, three 5xx and a "
-    "format edit, an operator restart and a 2 s stall: h0 owes w0 a restart since t=1.0, "
-    "its wake is t=5.2 (due by t=5.0). The new process's Restarts._step learns the id the "
-    "target holds only if holds_own_data, whose source hash includes the format: the "
-    "target (Dotenv, not yet rewritten: Himitsu 5xx) fails it, so nothing is decided and "
-    "only the fetch backoff wakes it; learning from a target whose bytes are its own "
-    "(owned-by and data hash, any source hash) makes the restart owed at once"))
 def test_a_restart_owed_across_a_failover_and_a_stall_has_its_wake_in_time() -> None:
     model, _ = _format_edited_after_a_crash_and_a_leader_change()
     model.restart()

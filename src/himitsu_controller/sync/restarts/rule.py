@@ -20,7 +20,7 @@ from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube, KubeError
 from himitsu_controller.sync.restarts.scheduler import Claim, Key, Scheduler, stamp
 from himitsu_controller.sync.status import StatusWriter, bounded
-from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_data
+from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_bytes
 
 __all__ = ["Restarts", "data_id", "learn"]
 
@@ -90,7 +90,7 @@ class Restarts:
         ns, entries, wakes = ctx.owner.namespace, [], {}
         if mem.data_id is None:  # else as the cached target shows it, when it holds our data
             target = self._kube.get_secret(ns, spec.target.name, cached=True)
-            learn(mem, target if holds_own_data(target, owner=ctx.owner, spec=spec) else None)
+            learn(mem, target if holds_own_bytes(target, owner=ctx.owner, spec=spec) else None)
         held = mem.data_id or ""
         if not held and spec.rollout.targets:
             return None  # what the target holds is not known: nothing is decided
@@ -142,7 +142,7 @@ class Restarts:
             if spec and any((t.kind, t.name) == key[1:] for t in spec.rollout.targets):
                 owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid") or ""))
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
-                ours = holds_own_data(target, owner=owner, spec=spec)
+                ours = holds_own_bytes(target, owner=owner, spec=spec)
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
                     api.ANN_DATA_ID) if ours else None)
         return found

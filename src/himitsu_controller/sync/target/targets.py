@@ -153,6 +153,15 @@ def holds_own_data(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.
     )
 
 
+def holds_own_bytes(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
+    """The target's data is bytes we wrote, for this spec or an earlier one (a format or a
+    source edited since): what pods reading it have, whatever the next sync writes."""
+    recorded = annotations_of(secret).get(api.ANN_DATA_HASH)
+    return secret is not None and recorded is not None and owned_by(secret) == owner.name \
+        and summary.holds_hash(secret, our_previous_keys(
+            secret, policy=spec.target.creation_policy, owner=owner), recorded)
+
+
 def holds_stamps(secret: Mapping[str, Any] | None, *, owner: Owner, spec: api.Spec) -> bool:
     """Stamping and templating the target again would change nothing: a pruned stamp, a
     template key added or removed, a lost controller reference are a full sync's to repair."""
