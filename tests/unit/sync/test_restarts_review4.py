@@ -70,7 +70,7 @@ def test_changes_within_one_window_after_a_lost_write_answer_are_one_restart(
     "time for every claim: api's restart, owed before the failover, waits a full window "
     "(t+60 instead of at once). Fix: mark every workload with the record read (had), and "
     "give each claim its own since: None for a workload whose record is not the old id"))
-def test_a_change_after_a_failover_opens_its_window_for_a_workload_that_owed_nothing(
+def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_new_leader_writes(
 ) -> None:
     """Item 3: several changes within the window are one restart with the last data, after
     a failover too, for a workload whose record shows its pods had the target's data;
