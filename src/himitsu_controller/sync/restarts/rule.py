@@ -52,23 +52,28 @@ class Restarts:
 
     def before_change(self, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
                       mem: Memory) -> None:
-        """A write will put other bytes in ``target``: a workload without a record gets one;
-        one whose record is the target's id owes nothing (the change opens its window)."""
+        """A write will put other bytes in ``target``: a workload without a record gets one.
+        When each one's record is the target's id, none is owed: the change opens a window."""
         ann, on_create = annotations_of(target), _on_create(ctx, spec)
         if target is None and not on_create:
             return  # no pod can have read a missing target
         ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and not on_create
         value = (ann.get(api.ANN_DATA_ID) if ours else None) or NOT_OURS
+        had: dict[tuple[str, str], str | None] = {}
         for t in (t for t in spec.rollout.targets if t.supported):
             try:
-                had = self.scheduler.baseline((ctx.owner.namespace, t.kind, t.name),
-                                              ctx.owner.name, spec.target.name, value)
-                if had is not None and had == (ann.get(api.ANN_DATA_ID) if ours else None):
-                    mem.rolled_out((t.kind, t.name), had)
+                had[t.kind, t.name] = self.scheduler.baseline(
+                    (ctx.owner.namespace, t.kind, t.name), ctx.owner.name, spec.target.name,
+                    value)
             except KubeError as exc:  # a 403 (no restart RBAC), 400 or 422 lasts: go on
                 if exc.status in (0, 409, 429) or exc.status >= 500:
                     raise
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
+                had[t.kind, t.name] = None
+        held = ann.get(api.ANN_DATA_ID) if ours else None
+        if held and had and set(had.values()) == {held}:  # each one's own record: none owed
+            for workload in had:
+                mem.rolled_out(workload, held)
 
     def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:
         """``result`` (whatever the sync did), woken in time for the restarts owed."""
