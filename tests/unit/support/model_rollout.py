@@ -128,7 +128,10 @@ class RolloutOracle:
         if last is not None and at - last < WINDOW_S - 1e-3:
             self.violation(f"restart: {workload_name} restarted {at - last:.3f} s after its "
                            f"previous restart, within minRestartInterval {WINDOW}")
-        self.pods[name] = NOT_OURS if now is None else now
+        # New pods of a workload whose target is missing wait for it (envFrom, a volume):
+        # they start with what the next write puts there.
+        missing = self.world.server.get(SECRET, NS, f"t{name[1:]}") is None
+        self.pods[name] = PENDING if missing else NOT_OURS if now is None else now
         self.restarted_at[name] = at
         self.restarts[name] = self.restarts.get(name, 0) + 1
         self.excused.discard(name)
