@@ -8,11 +8,13 @@ import pytest
 from test_model_based import SyncModel
 
 
-def _merge_then_owner_with_a_dropped_record() -> SyncModel:
+def _merge_then_owner_with_a_dropped_record(settles: int = 5) -> tuple[SyncModel, int]:
+    """Seed 46's start: a Merge target turned Owner, the workload's record dropped by
+    another tool, a wake before any poll is due."""
     model = SyncModel()
     (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.5,
                           first=[(0, "e1", "tok-a", "10s", "Merge", "Opaque", "KeyValue")])
-    for _ in range(5):
+    for _ in range(settles):
         model.settle()
         model.nothing_broken()
     model.set_value(env="e1", key="A", value="v1")
@@ -23,9 +25,7 @@ def _merge_then_owner_with_a_dropped_record() -> SyncModel:
     model.nothing_broken()
     model.wake_not_due(how="annotate_target", n=0, slot=slot)
     model.nothing_broken()
-    model.edit_target(how="delete", slot=slot)
-    model.nothing_broken()
-    return model
+    return model, slot
 
 
 # review4, seed 46 (the ORACLE): the restart owed for the change at t=101 was made at t=104.4
@@ -34,7 +34,9 @@ def _merge_then_owner_with_a_dropped_record() -> SyncModel:
 # and start with what the repair writes. Fixed in model_rollout.workload_patched.
 def test_a_workload_gets_the_target_s_data_after_a_dropped_record_and_a_deleted_target(
 ) -> None:
-    model = _merge_then_owner_with_a_dropped_record()
+    model, slot = _merge_then_owner_with_a_dropped_record()
+    model.edit_target(how="delete", slot=slot)
+    model.nothing_broken()
     model.settle()
     model.nothing_broken()
     model.teardown()
@@ -45,20 +47,7 @@ def test_a_workload_gets_the_target_s_data_after_a_dropped_record_and_a_deleted_
     "and slow, then a leader change while a restart is owed: the new leader's next wake "
     "comes after the restart's due time (wake t=85.7, due by t=85.4)"))
 def test_a_new_leader_wakes_in_time_for_a_restart_owed_after_a_dropped_record() -> None:
-    model = SyncModel()
-    (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.5,
-                          first=[(0, "e1", "tok-a", "10s", "Merge", "Opaque", "KeyValue")])
-    for _ in range(4):
-        model.settle()
-        model.nothing_broken()
-    model.set_value(env="e1", key="A", value="v1")
-    model.nothing_broken()
-    model.edit_spec(edit=(("target", "creationPolicy"), "Owner"), slot=slot)
-    model.nothing_broken()
-    model.record_dropped_by_another_tool(slot=slot)
-    model.nothing_broken()
-    model.wake_not_due(how="annotate_target", n=0, slot=slot)
-    model.nothing_broken()
+    model, slot = _merge_then_owner_with_a_dropped_record(settles=4)
     model.edit_target(how="value", slot=slot)
     model.nothing_broken()
     model.himitsu_fails(count=1)
