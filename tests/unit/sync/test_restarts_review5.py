@@ -1,0 +1,54 @@
+"""Review 5 of de84e10 (a change after a failover opens its window only when every named
+workload's record is the target's id): reproductions.
+
+Each test is a strict xfail named after the guarantee it shows broken; it passes (XPASS,
+which fails the suite) the day the fix lands: then drop the mark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from reconcile_world import NS, TARGET, World, fetched, values
+from test_restarts_review import settle_304
+
+WEB = {"kind": "Deployment", "name": "web"}
+GHOST = {"kind": "Deployment", "name": "ghost"}  # named, not (yet) deployed
+STRANGER = {"kind": "Deployment", "name": "stranger"}  # deployed, reads another Secret
+
+
+def _failover_then_two_changes(named: list[dict[str, str]], setup: Any) -> World:
+    world = World(rolloutRestartTargets=named, minRestartInterval="1m",
+                  refreshInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    setup(world)
+    world.sync(5)
+    world.restart()
+    world.clock.advance(30)
+    result = world.reconcile(fetched(6, values(tag="b")))  # the new leader's first look
+    world.clock.advance(result.requeue_after or 10.0)
+    result = world.reconcile(fetched(7, values(tag="c")))  # an interval later: one window
+    for _ in range(12):
+        result = settle_304(world, result)
+    assert world.data() == values(tag="c")
+    return world
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review5, LOW (a regression of de84e10; held on c60ffc1): before_change marks no "
+    "workload unless every named one's record is the target's id; a named workload that "
+    "is missing, or does not reference the target (baseline None), blocks the marks, so "
+    "the new leader's first change is of unknown age: web, whose record was current and "
+    "which owes nothing else, is restarted at once and again a window later. Fix: leave "
+    "workloads with no record to read (None) out of the 'every one' test"))
+@pytest.mark.parametrize("other", ["missing", "unreferencing"])
+def test_changes_within_one_window_after_a_failover_are_one_restart_beside_a_workload_owing_nothing(
+        other: str) -> None:
+    """Item 3: several changes within the window are one restart with the last data."""
+    def setup(world: World) -> None:
+        if other == "unreferencing":
+            world.kube.add_workload(NS, "Deployment", "stranger", reads="another-secret")
+    world = _failover_then_two_changes(
+        [WEB, GHOST if other == "missing" else STRANGER], setup)
+    web = [at for _, _, name, at in world.kube.restarts if name == "web"]
+    assert len(web) == 1, web
