@@ -71,7 +71,8 @@ class Restarts:
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
                 had[t.kind, t.name] = None
         held = ann.get(api.ANN_DATA_ID) if ours else None
-        if held and had and set(had.values()) == {held}:  # each one's own record: none owed
+        # Each record read (not one just put back: a guess) is the target's: none is owed.
+        if held and {v for v in had.values() if v is not None} == {held}:
             for workload in had:
                 mem.rolled_out(workload, held)
 

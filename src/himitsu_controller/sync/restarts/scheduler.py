@@ -89,7 +89,8 @@ class Scheduler:
 
     def baseline(self, key: Key, holder: str, secret: str, value: str) -> str | None:
         """A workload without a record for ``holder`` gets ``value``; a 409: read again.
-        The record it had (None: none, no workload, or not one ``holder`` may restart)."""
+        The record it had ("": none, it got ``value``; None: no workload, or not one
+        ``holder`` may restart)."""
         with self._lock:
             for attempt in range(1, CONFLICT_RETRIES + 1):
                 workload = self._workloads.get_workload(*key)
@@ -100,7 +101,7 @@ class Scheduler:
                     return record[holder]
                 try:
                     self._patch(key, workload, {**record, holder: value})
-                    return None
+                    return ""
                 except Conflict:
                     if attempt == CONFLICT_RETRIES:
                         raise
