@@ -197,8 +197,9 @@ class HimitsuSecretReconciler:
                                  consistent=inputs.consistent) \
             if inputs.held and not (inputs.forced or inputs.moved) else None  # a replaced
         # token (same spec) is sent by the next poll due (docs/syncing.md), not by this wake
-        # If-None-Match only for a target holding what the status says, for this spec.
-        known = ctx.status.config_version if inputs.consistent and not inputs.forced \
+        # If-None-Match only for a target holding what the status says, for this spec (a
+        # 304 puts back stamps lost around that data: a restart knows no more than that).
+        known = ctx.status.config_version if inputs.intact and not inputs.forced \
             and ctx.status.observed_generation == ctx.generation else None
         result, retry, limited = (held[0], None, False) if held is not None else self._fetch(
             ctx, spec, inputs.token, known, api_url=api_url, fingerprint=inputs.source,
@@ -206,6 +207,11 @@ class HimitsuSecretReconciler:
                 spec.refresh_interval, now=self._clock(), due=mem.due, answered=mem.answered,
                 intact=inputs.intact, revalidate=mem.revalidate),
             floor=ctx.status.config_version if inputs.held else None, fallback=not inputs.intact)
+        restamp = held[1] if held is not None else None
+        if held is None and isinstance(result, himitsu.NotModified) and not inputs.consistent:
+            restamp = wakes.restamp(self._kube, ctx, spec, mem, inputs.target)
+            if restamp is None:  # changed since it was read: decided afresh
+                raise _Requeue()
         polled = self._clock()
         answered = polled - result.age
         # Written from an answer older than this reconcile: one revalidation soon.
@@ -217,7 +223,7 @@ class HimitsuSecretReconciler:
         if timed:
             metrics.observe_lateness(polled - (mem.due or polled))
         return _Answer(result=result, retry=retry, limited=limited,
-                       restamp=held[1] if held else None,
+                       restamp=restamp,
                        quiet=held is not None, polled=polled, answered=answered,
                        late=schedule.lag(polled, mem.answered, mem.interval) if timed else 0.0)
 
@@ -228,6 +234,8 @@ class HimitsuSecretReconciler:
         result = answer.result
         if answer.restamp is not None:  # the stamps back, the data as the target holds it
             target, rendered = answer.restamp
+            if not answer.quiet:  # a poll answered 304
+                metrics.count_sync("not_modified")
             return self._write(ctx, spec, mem, target=target, rendered=rendered,
                                version=result.version), ctx.status.secret_count
         if isinstance(result, himitsu.NotModified):

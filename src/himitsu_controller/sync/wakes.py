@@ -2,7 +2,8 @@
 
 * ``woken_idle``: everything as this process left it, back to sleep;
   ``defer_after_restart``: a healthy object waits for its next poll after a restart.
-* ``held_answer``: any other wake that is not due asks Himitsu nothing.
+* ``held_answer``: any other wake that is not due asks Himitsu nothing; ``restamp``:
+  the target's data, kept by a write that puts stamps back (no Himitsu answer needed).
 * ``until_due``: the next due time as the controller's Result.
 
 Design: docs/design/polls.md ("Wakes")
@@ -22,7 +23,7 @@ from himitsu_controller.sync.ports import Kube
 from himitsu_controller.sync.target import render, targets
 
 __all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "read_target",
-           "until_due", "woken_idle"]
+           "restamp", "until_due", "woken_idle"]
 
 
 def in_step(ctx: Context) -> bool:
@@ -98,14 +99,25 @@ def held_answer(
         return answer, None
     if ctx.status.observed_generation == ctx.generation:
         return None
+    held = restamp(kube, ctx, spec, mem, target)
+    return None if held is None else (answer, held)
+
+
+def restamp(
+    kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, target: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """The whole target and our data in it, which its data hash vouches for: what a write
+    putting the stamps back keeps. None: it changed since ``target`` was read (memory
+    expects the copy read now, so the next reconcile reads that one)."""
     whole = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
     if whole is None or resource_version(whole) != resource_version(target):
-        return None  # changed since the cache showed it: a sync decides on it afresh
+        mem.expect(resource_version(whole))  # a sync decides on it afresh
+        return None
     data = whole.get("data") or {}
     ours = {k: str(data[k]) for k in targets.our_previous_keys(
         whole, owner=ctx.owner, policy=spec.target.creation_policy) if k in data}
     recorded = targets.annotations_of(whole).get(api.ANN_DATA_HASH)
-    return (answer, (whole, ours)) if recorded == render.data_hash(ours) else None
+    return (whole, ours) if recorded == render.data_hash(ours) else None
 
 
 def not_due_since(ctx: Context, spec: api.Spec, mem: Memory, now: float) -> float | None:

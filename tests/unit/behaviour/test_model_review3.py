@@ -46,14 +46,10 @@ def test_a_himitsusecret_polled_every_10s_reaches_himitsu_s_version_after_a_cras
     model.teardown()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review3 (the OPERATOR): a template label dropped from the target, then an operator "
-    "restart: the new process asks Himitsu without If-None-Match although the target's "
-    "data is intact at version 2 (the 'quiet' check; the contract: a conditional request "
-    "unless unsafe). reconciler._answer sends the version only for a consistent target "
-    "(every stamp in place); in-process the poller's memory makes it a 304, a new process "
-    "has none, so a secret read. Fix: known when inputs.intact, a 304 restamps around the "
-    "target's data its hash vouches for (as held_answer does for a spec edit)"))
+# review3 (the OPERATOR, fixed): a template label dropped from the target, then an
+# operator restart: the new process asked Himitsu without If-None-Match although the
+# target's data was intact at version 2 (in-process the poller's memory hid it). Now a
+# target whose data its hash vouches for is asked conditionally, and a 304 restamps it.
 def test_a_restart_after_a_dropped_template_label_asks_himitsu_conditionally() -> None:
     model = SyncModel()
     (slot,) = model.start(seed=0, kube_latency=0.0, himitsu_latency=0.0, informer_lag=0.01,

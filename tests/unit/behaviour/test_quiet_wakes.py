@@ -116,6 +116,54 @@ def test_a_due_poll_that_changes_only_last_sync_time_still_writes_it() -> None:
     assert len(world.kube.status_patches) == patches + 1  # the contract's LAST SYNC
 
 
+@pytest.mark.parametrize("removed", ["labels|team", "ownerReferences"])
+def test_a_new_process_asks_conditionally_for_intact_data_and_puts_lost_stamps_back(
+        removed: str) -> None:
+    """A template label or the controller reference dropped from the target, then a new
+    process (no poller memory): its data still matches its hash at the status's version,
+    so If-None-Match is sent, and the 304 puts the stamps back around that data."""
+    world, client = polled_world("1m", template={"labels": {"team": "a"}})
+    before = copy.deepcopy(world.target())
+    meta = copy.deepcopy(before["metadata"])
+    part, _, key = removed.partition("|")
+    (meta[part] if key else meta).pop(key or part)
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+    world.fetcher = SharedPoller(client, clock=lambda: world.clock().timestamp())  # type: ignore[assignment]
+    world.restart()
+    world.clock.advance(5)
+    wake(world)
+    assert client.requests == [None, 5]  # no secret read
+    after = world.target()
+    assert after["metadata"][part] == before["metadata"][part]
+    assert (after["data"], after["metadata"]["uid"]) == (before["data"], before["metadata"]["uid"])
+    assert world.ready()["reason"] == "Synced"
+
+
+def test_a_304_puts_stamps_back_only_on_the_target_as_read_now_never_on_a_stale_copy(
+) -> None:
+    """The cache shows the target without its template label; someone has written it
+    since: the 304 writes nothing on that copy, and the next wake puts the label back on
+    the copy read now (and reads that one: the cache still lags), keeping the new note."""
+    world, client = polled_world("1m", template={"labels": {"team": "a"}})
+    meta = copy.deepcopy(world.target()["metadata"])
+    meta["labels"].pop("team")
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+    world.kube.freeze_cache(NS, TARGET)
+    annotate_target(world, "example.com/note", "x")
+    world.fetcher = SharedPoller(client, clock=lambda: world.clock().timestamp())  # type: ignore[assignment]
+    world.restart()
+    world.clock.advance(5)
+    updates = world.kube.calls["update_secret"]
+    result = world.reconciler.reconcile(KEY)
+    assert world.kube.calls["update_secret"] == updates and result.requeue_after is not None
+    world.clock.advance(result.requeue_after)
+    wake(world)
+    target = world.target()
+    assert target["metadata"]["labels"]["team"] == "a"
+    assert target["metadata"]["annotations"]["example.com/note"] == "x"
+    assert None not in client.requests[1:] and world.ready()["reason"] == "Synced"
+
+
 # -- failures that repeat ---------------------------------------------------------------
 
 
