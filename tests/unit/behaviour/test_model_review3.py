@@ -5,7 +5,6 @@ replayed here as a strict xfail named after the guarantee it shows broken."""
 
 from __future__ import annotations
 
-import pytest
 from model_kube import SECRET
 from model_world import NS
 from test_model_based import SyncModel
