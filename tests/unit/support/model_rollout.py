@@ -18,7 +18,8 @@ there, issue 22 item 3), then the rendering at each restart. Checked (``restart`
 * while a restart is owed, the HimitsuSecret has a wake no later than the window after
   the change reached the Secret, or after the operator (re)started (a crash or a new
   leader: "at once"), never sooner than a window after the last restart; a Kubernetes
-  fault since excuses it (its retries back off);
+  fault since excuses it (its retries back off), and so does a target whose data is
+  edited by hand (a restart would start the pods with the edit: it waits for the repair);
 * after a quiet period, the pods of every Ready HimitsuSecret have its target's rendering.
 """
 
@@ -179,9 +180,12 @@ class RolloutOracle:
             if self.world.server.get(HSEC, NS, name) is None:
                 del self.owed[name]  # one created again owes from its own first write
                 continue
+            rendering = self.rendering(name)
             if since <= self.faulted or process.hsecs.store.get(f"{NS}/{name}") is None or \
-                    self.rendering(name) is None:  # its target is someone else's now
+                    rendering is None:  # its target is someone else's now
                 continue  # retries back off; an object the informer has not shown yet
+            if not self._holds(name, rendering):
+                continue  # edited by hand: a restart now would start pods with that edit
             limit = max(since + WINDOW_S, self.started,
                         self.restarted_at.get(name, -WINDOW_S) + WINDOW_S) + SLACK
             wake = process.wake_of(f"{NS}/{name}")
@@ -192,6 +196,11 @@ class RolloutOracle:
                                 f"{'none' if at is None else f't={at:.3f}s'} (due by "
                                 f"t={limit:.3f}s)")
         return problems
+
+    def _holds(self, name: str, rendering: Mapping[str, str]) -> bool:
+        """The target's data holds ``rendering`` (else a hand edit awaits its repair)."""
+        data = (self.world.server.get(SECRET, NS, f"t{name[1:]}") or {}).get("data") or {}
+        return all(data.get(k) == v for k, v in rendering.items())
 
     def rendering(self, name: str) -> dict[str, str] | None:
         """The rendering of Himitsu's data at the version the target's annotation names,

@@ -13,6 +13,7 @@ from reconcile_world import NAME, NS, TARGET, World, fetched, values
 from test_restarts_review import restarts, rollout_world, settle_304
 
 from himitsu_controller import api as ann
+from himitsu_controller.himitsu import ServerError
 from himitsu_controller.sync.ports import KubeError
 
 WEB = {"kind": "Deployment", "name": "web"}
@@ -108,3 +109,48 @@ def test_changes_within_one_window_after_a_failover_are_one_restart_for_a_curren
     world, _ = _failover_with_one_workload_owed()
     web = [at for _, _, name, at in world.kube.restarts if name == "web"]
     assert len(web) == 1, web
+
+
+def test_a_restart_owed_at_a_failover_waits_for_the_repair_of_a_hand_edited_target() -> None:
+    """Seed 46 (the oracle's, test_model_review4.py): a restart owed when the leader
+    changes, the target's data edited by hand meanwhile, Himitsu failing. The new leader
+    never restarts the pods onto the hand edit; the repair that Himitsu's retry allows
+    restarts them at once (data of unknown age), with what the target then holds."""
+    world = rollout_world(minRestartInterval="10s", refreshInterval="10s")
+    world.sync(5)
+    world.clock.advance(10)
+    world.reconcile(fetched(6, values(tag="b")))  # a change: its restart a window later
+    assert restarts(world) == []
+    world.restart()
+    world.kube.edit_secret(NS, TARGET, data={"KEY_0": "ZWRpdGVk"})
+    world.clock.advance(1)
+    failed = world.reconcile(ServerError("down", status=500))
+    assert failed.error == "FetchFailure" and restarts(world) == []
+    world.clock.advance(failed.requeue_after or 1.0)
+    world.reconcile(fetched(6, values(tag="b")))  # the repair
+    assert len(restarts(world)) == 1
+    assert world.data() == values(tag="b")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "found with seed 46's diagnosis (modelx): the process that wrote the change restarts "
+    "web when the window ends although the target now holds a hand edit it cannot repair "
+    "(Himitsu down): Scheduler._evaluate takes the claim's data id when _current finds the "
+    "holder's target not holding its bytes (None). The repair then writes the same bytes "
+    "under the same id, so web's pods keep the hand edit until the next change. Fix: in "
+    "_evaluate, a claim whose holder's target holds none of its bytes (names[holder][1] is "
+    "None) waits (a retry wake), as the new leader's _step does (holds_own_bytes)"))
+def test_an_owed_restart_waits_for_the_repair_of_a_target_edited_by_hand() -> None:
+    """The pods never start with a hand edit the operator is about to repair."""
+    world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
+    world.sync(5)
+    world.clock.advance(60)
+    result = world.reconcile(fetched(6, values(tag="b")))  # owed a window later
+    world.clock.advance(1)
+    world.kube.edit_secret(NS, TARGET, data={**world.target()["data"], "KEY_0": "ZWRpdGVk"})
+    for _ in range(5):  # Himitsu down past the window's end
+        result = world.reconcile(ServerError("down", status=500))
+        world.clock.advance(result.requeue_after or 1.0)
+    assert restarts(world) == [], "restarted onto the hand edit"
+    world.reconcile(fetched(6, values(tag="b")))  # the repair
+    assert len(restarts(world)) == 1
