@@ -209,8 +209,11 @@ class HimitsuSecretReconciler:
             floor=ctx.status.config_version if inputs.held else None, fallback=not inputs.intact)
         restamp = held[1] if held is not None else None
         if held is None and isinstance(result, himitsu.NotModified) and not inputs.consistent:
-            restamp = wakes.restamp(self._kube, ctx, spec, mem, inputs.target)
-            if restamp is None:  # changed since it was read: decided afresh
+            try:
+                restamp = wakes.restamp(self._kube, ctx, spec, inputs.target)
+            except writes.Raced as exc:  # changed since it was read: decided afresh
+                self._lost_race(spec, mem, exc)
+            if restamp is None:
                 raise _Requeue()
         polled = self._clock()
         answered = polled - result.age
@@ -394,14 +397,7 @@ class HimitsuSecretReconciler:
         except writes.Refused as exc:
             raise _Failure(exc.reason, exc.message) from None
         except writes.Raced as exc:
-            # What a direct read showed, if one did: the next reconcile reads it afresh.
-            races = mem.lost_race(exc.seen, creating=exc.creating)
-            if races >= RACES_REPORTED:  # now _failed's backoff paces the retries
-                raise _Failure("WriteFailure", (
-                    f"Secret {spec.target.name!r} changed under each of the last "
-                    f"{races} writes (someone else writes, deletes or recreates it); "
-                    "retrying with backoff")) from None
-            raise _Requeue(CONFLICT_REQUEUE * 2 ** (races - 1)) from None
+            self._lost_race(spec, mem, exc)
         except KubeError as exc:
             mem.target_unknown(data_id)  # the write may have landed
             raise _Failure("WriteFailure", str(exc)) from None
@@ -410,6 +406,16 @@ class HimitsuSecretReconciler:
                 api.ANN_DATA_ID) else self._clock())
         mem.wrote(resource_version(done.secret), sent=done.wrote)
         return done.data_changed
+
+    def _lost_race(self, spec: api.Spec, mem: Memory, exc: writes.Raced) -> NoReturn:
+        # What a direct read showed, if one did: the next reconcile reads it afresh.
+        races = mem.lost_race(exc.seen, creating=exc.creating)
+        if races >= RACES_REPORTED:  # now _failed's backoff paces the retries
+            raise _Failure("WriteFailure", (
+                f"Secret {spec.target.name!r} changed under each of the last "
+                f"{races} writes (someone else writes, deletes or recreates it); "
+                "retrying with backoff")) from None
+        raise _Requeue(CONFLICT_REQUEUE * 2 ** (races - 1)) from None
 
     def _failed(self, ctx: Context, spec: api.Spec | None, failure: _Failure) -> Result:
         mem = self._remember(ctx)

@@ -20,7 +20,7 @@ from himitsu_controller.sync.context import Context
 from himitsu_controller.sync.memory import Memory, resource_version
 from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube
-from himitsu_controller.sync.target import render, targets
+from himitsu_controller.sync.target import render, targets, writes
 
 __all__ = ["defer_after_restart", "held_answer", "in_step", "not_due_since", "read_target",
            "restamp", "until_due", "woken_idle"]
@@ -99,20 +99,22 @@ def held_answer(
         return answer, None
     if ctx.status.observed_generation == ctx.generation:
         return None
-    held = restamp(kube, ctx, spec, mem, target)
+    try:
+        held = restamp(kube, ctx, spec, target)
+    except writes.Raced:
+        return None  # changed since the cache showed it: a sync decides on it afresh
     return None if held is None else (answer, held)
 
 
 def restamp(
-    kube: Kube, ctx: Context, spec: api.Spec, mem: Memory, target: Mapping[str, Any] | None,
+    kube: Kube, ctx: Context, spec: api.Spec, target: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The whole target and our data in it, which its data hash vouches for: what a write
-    putting the stamps back keeps. None: it changed since ``target`` was read (memory
-    expects the copy read now, so the next reconcile reads that one)."""
+    putting the stamps back keeps (None: the hash does not). Raises ``writes.Raced`` when
+    it changed since ``target`` was read."""
     whole = kube.get_secret(ctx.owner.namespace, spec.target.name, fresh=True)
     if whole is None or resource_version(whole) != resource_version(target):
-        mem.expect(resource_version(whole))  # a sync decides on it afresh
-        return None
+        raise writes.Raced(creating=whole is None, seen=resource_version(whole))
     data = whole.get("data") or {}
     ours = {k: str(data[k]) for k in targets.our_previous_keys(
         whole, owner=ctx.owner, policy=spec.target.creation_policy) if k in data}
