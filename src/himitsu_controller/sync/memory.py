@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from secrets import token_hex
 from typing import Any
+
+from himitsu_controller import api
 
 __all__ = ["Memory", "resource_version", "uid_of"]
 
@@ -96,18 +99,27 @@ class Memory:
         self.failures = 0
         self.scheduled(answered=answered, interval=interval, due=due)
 
-    def target_holds(self, data_id: str | None, digest: str | None, check: str | None, *,
-                     since: float | None) -> None:
-        """The target holds data ``digest`` under ``data_id`` (checked by ``check``;
-        sync.restarts), since ``since`` (None: since before this process looked)."""
+    def target_holds(self, ann: Mapping[str, str], *, since: float | None) -> None:
+        """The target holds the data of annotations ``ann`` (its id, digest and the id's
+        check; sync.restarts), since ``since`` (None: since before this process looked)."""
+        data_id = ann.get(api.ANN_DATA_ID)
         if data_id and data_id != self.data_id:
             # A restart that may still be owed for data of unknown arrival stays due at once.
             unsure = self.data_since is None and self.data_id is not None and \
                 set((self.workloads or {}).values()) != {self.data_id}
-            self.data_id, self.data_digest = data_id, digest
+            self.data_id, self.data_digest = data_id, ann.get(api.ANN_DATA_HASH)
             self.data_since = None if unsure else since
         if data_id:
-            self.data_check = check
+            self.data_check = ann.get(api.ANN_DATA_ID_CHECK)
+
+    def id_for(self, ann: Mapping[str, str], digest: str) -> str:
+        """The data id to stamp on a target with annotations ``ann`` for data ``digest``:
+        the one held for these bytes, else a new one."""
+        if self.data_id is None:
+            self.target_holds(ann, since=None)
+        if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
+            return ann[api.ANN_DATA_ID]
+        return self.data_id if self.data_id and self.data_digest == digest else token_hex(8)
 
     def target_unknown(self, sent: str) -> None:
         """A write of data id ``sent`` that may have landed: what the target holds is to be
