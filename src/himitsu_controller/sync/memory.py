@@ -39,12 +39,14 @@ class Memory:
     refused_until: float = 0.0
     # sync.restarts: the data id the target holds, as written or seen here, the digest of
     # that data and the id's check, and since when (None: it was there before this process
-    # looked); per named workload (kind, name) the id for which it is owed nothing.
+    # looked); per named workload (kind, name) the id for which it is owed nothing; a
+    # write whose answer was lost: the id it sent, and when.
     data_id: str | None = None
     data_digest: str | None = None
     data_check: str | None = None
     data_since: float | None = None
     workloads: dict[tuple[str, str], str] | None = None
+    sent: tuple[str, float] | None = None
 
     # How a Memory changes: these methods are the only writers of its fields, each named
     # for what happened.
@@ -104,6 +106,8 @@ class Memory:
         check; sync.restarts), since ``since`` (None: since before this process looked)."""
         data_id = ann.get(api.ANN_DATA_ID)
         if data_id and data_id != self.data_id:
+            if self.sent and self.sent[0] == data_id:  # that write landed: its time
+                since = self.sent[1]
             # A restart that may still be owed for data of unknown arrival stays due at once.
             unsure = self.data_since is None and self.data_id is not None and \
                 set((self.workloads or {}).values()) != {self.data_id}
@@ -121,11 +125,12 @@ class Memory:
             return ann[api.ANN_DATA_ID]
         return self.data_id if self.data_id and self.data_digest == digest else token_hex(8)
 
-    def target_unknown(self, sent: str) -> None:
-        """A write of data id ``sent`` that may have landed: what the target holds is to be
-        read again, unless it is the id known here (a repair: whichever way, it stays)."""
+    def target_unknown(self, sent: str, *, at: float) -> None:
+        """A write of data id ``sent`` at ``at`` that may have landed: what the target
+        holds is to be read again, unless it is the id known here (a repair: whichever
+        way, it stays); found there, it arrived at ``at``."""
         if sent != self.data_id:
-            self.data_id = None
+            self.data_id, self.sent = None, (sent, at)
 
     def rolled_out(self, workload: tuple[str, str], data_id: str) -> None:
         """``workload`` (kind, name) is owed nothing for the data ``data_id``."""

@@ -396,7 +396,7 @@ class HimitsuSecretReconciler:
                     "retrying with backoff")) from None
             raise _Requeue(CONFLICT_REQUEUE * 2 ** (races - 1)) from None
         except KubeError as exc:
-            mem.target_unknown(data_id)  # the write may have landed
+            mem.target_unknown(data_id, at=self._clock())  # the write may have landed
             raise _Failure("WriteFailure", str(exc)) from None
         if spec.rollout.targets:
             mem.target_holds(targets.annotations_of(done.secret), since=None if unknown or

@@ -31,12 +31,6 @@ def lose_the_next_secret_write_answer(world: Any) -> None:
     world.kube.update_secret = applied_then_lost
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review4 (also on 431b481): Memory.target_unknown drops data_id after the lost answer; "
-    "the retry learns the target's id with since=None (data of unknown age), so the "
-    "restart is due at once (t+1) and the change 10 s later costs a second one a window "
-    "on. Fix: remember when the write of ``sent`` was tried; a target later found holding "
-    "``sent`` learns since=that time (the window opens as for a write that answered)"))
 @pytest.mark.parametrize("operator_restarts", [False, True])
 def test_changes_within_one_window_after_a_lost_write_answer_are_one_restart(
         operator_restarts: bool) -> None:
