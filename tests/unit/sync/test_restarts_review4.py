@@ -90,12 +90,6 @@ def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_new_leader_
         api, first_look)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review4, LOW (a needless restart, not a late one): when one named workload owes a "
-    "restart at a failover, the new leader's change is of unknown age for every workload "
-    "of that HimitsuSecret: web, whose record was current, is restarted at once and again "
-    "a window later. Fix sketched: a since per workload (the change's time for one whose "
-    "record was the old id)"))
 def test_changes_within_one_window_after_a_failover_are_one_restart_for_a_current_workload(
 ) -> None:
     """Item 3: several changes within the window are one restart with the last data."""

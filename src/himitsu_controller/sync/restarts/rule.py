@@ -51,10 +51,9 @@ class Restarts:
                     raise
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
                 had[t.kind, t.name] = None
-        # Each record read (not one just put back: a guess) is the target's: none is owed.
-        if held and {v for v in had.values() if v is not None} == {held}:
-            for workload in had:
-                mem.rolled_out(workload, held)
+        # A record read (not one just put back: a guess) that is the target's: none is owed.
+        for workload in (w for w, v in had.items() if held and v in (held, None)):
+            mem.rolled_out(workload, held or "")
 
     def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:
         """``result`` (whatever the sync did), woken in time for the restarts owed."""
@@ -96,7 +95,7 @@ class Restarts:
                 key, recorded = (ns, t.kind, t.name), _recorded(before)
                 baseline = NOT_OURS if recorded or _on_create(ctx, spec) else held
                 out = self.scheduler.settle(key, Claim(
-                    ctx.owner.name, spec.target.name, held, mem.data_since,
+                    ctx.owner.name, spec.target.name, held, mem.since_of((t.kind, t.name)),
                     spec.rollout.min_interval, baseline, (mem.data_digest, mem.data_check),
                     recorded=recorded))
                 if out.wake is None:  # nothing more owed for this data
