@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from secrets import token_hex
 from typing import Any
+
+from himitsu_controller import api
 
 __all__ = ["Memory", "resource_version", "uid_of"]
 
@@ -36,12 +39,16 @@ class Memory:
     refused_until: float = 0.0
     # sync.restarts: the data id the target holds, as written or seen here, the digest of
     # that data and the id's check, and since when (None: it was there before this process
-    # looked); per named workload (kind, name) the id for which it is owed nothing.
+    # looked), for the named workloads (kind, name) in ``sure`` (None: for all; others may
+    # owe a restart for older data of unknown arrival); per workload the id for which it
+    # is owed nothing; a write whose answer was lost: the id it sent, and when.
     data_id: str | None = None
     data_digest: str | None = None
     data_check: str | None = None
     data_since: float | None = None
+    sure: frozenset[tuple[str, str]] | None = None
     workloads: dict[tuple[str, str], str] | None = None
+    sent: tuple[str, float] | None = None
 
     # How a Memory changes: these methods are the only writers of its fields, each named
     # for what happened.
@@ -96,24 +103,45 @@ class Memory:
         self.failures = 0
         self.scheduled(answered=answered, interval=interval, due=due)
 
-    def target_holds(self, data_id: str | None, digest: str | None, check: str | None, *,
-                     since: float | None) -> None:
-        """The target holds data ``digest`` under ``data_id`` (checked by ``check``;
-        sync.restarts), since ``since`` (None: since before this process looked)."""
+    def target_holds(self, ann: Mapping[str, str], *, since: float | None) -> None:
+        """The target holds the data of annotations ``ann`` (its id, digest and the id's
+        check; sync.restarts), since ``since`` (None: since before this process looked)."""
+        data_id = ann.get(api.ANN_DATA_ID)
         if data_id and data_id != self.data_id:
-            # A restart that may still be owed for data of unknown arrival stays due at once.
-            unsure = self.data_since is None and self.data_id is not None and \
-                set((self.workloads or {}).values()) != {self.data_id}
-            self.data_id, self.data_digest = data_id, digest
-            self.data_since = None if unsure else since
+            if self.sent and self.sent[0] == data_id:  # that write landed: its time
+                since = self.sent[1]
+            # A restart that may still be owed for data of unknown arrival stays due at once:
+            # only a workload known to have had the data before waits from ``since``.
+            if self.data_id is not None and (self.data_since is None or self.sure is not None):
+                had = frozenset(w for w, i in (self.workloads or {}).items() if i == self.data_id)
+                self.sure = had | (self.sure or frozenset() if self.data_since else frozenset())
+            else:
+                self.sure = None
+            self.data_id, self.data_digest = data_id, ann.get(api.ANN_DATA_HASH)
+            self.data_since = since
         if data_id:
-            self.data_check = check
+            self.data_check = ann.get(api.ANN_DATA_ID_CHECK)
 
-    def target_unknown(self, sent: str) -> None:
-        """A write of data id ``sent`` that may have landed: what the target holds is to be
-        read again, unless it is the id known here (a repair: whichever way, it stays)."""
+    def id_for(self, ann: Mapping[str, str], digest: str) -> str:
+        """The data id to stamp on a target with annotations ``ann`` for data ``digest``:
+        the one held for these bytes, else a new one."""
+        if self.data_id is None:
+            self.target_holds(ann, since=None)
+        if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
+            return ann[api.ANN_DATA_ID]
+        return self.data_id if self.data_id and self.data_digest == digest else token_hex(8)
+
+    def target_unknown(self, sent: str, *, at: float) -> None:
+        """A write of data id ``sent`` at ``at`` that may have landed: what the target
+        holds is to be read again, unless it is the id known here (a repair: whichever
+        way, it stays); found there, it arrived at ``at``."""
         if sent != self.data_id:
-            self.data_id = None
+            self.data_id, self.sent = None, (sent, at)
+
+    def since_of(self, workload: tuple[str, str]) -> float | None:
+        """Since when ``workload`` (kind, name) may owe a restart for the data the target
+        holds (None: not known; due at once)."""
+        return self.data_since if self.sure is None or workload in self.sure else None
 
     def rolled_out(self, workload: tuple[str, str], data_id: str) -> None:
         """``workload`` (kind, name) is owed nothing for the data ``data_id``."""

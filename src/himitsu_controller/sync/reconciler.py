@@ -243,7 +243,8 @@ class HimitsuSecretReconciler:
                                version=result.version), ctx.status.secret_count
         if isinstance(result, himitsu.NotModified):
             # What the workloads' records are compared with.
-            restarts.learn(mem, inputs.target if spec.rollout.targets else None)
+            mem.target_holds(targets.annotations_of(
+                inputs.target if spec.rollout.targets else None), since=None)
             if not answer.quiet:  # a poll; a quiet wake asked nothing
                 metrics.count_sync("not_modified")
             return False, ctx.status.secret_count
@@ -388,7 +389,7 @@ class HimitsuSecretReconciler:
         # A target gone that this process never saw (it started since): when its data
         # arrived is not known, so a restart owed for it is due at once.
         unknown = target is None and mem.data_id is None and ctx.status.config_version is not None
-        data_id = restarts.data_id(mem, target, digest)
+        data_id = mem.id_for(before, digest)
         try:
             if spec.rollout.targets and digest != before.get(api.ANN_DATA_HASH):
                 self._restarts.before_change(ctx, spec, target, mem)  # what pods have, first
@@ -399,11 +400,11 @@ class HimitsuSecretReconciler:
         except writes.Raced as exc:
             self._lost_race(spec, mem, exc)
         except KubeError as exc:
-            mem.target_unknown(data_id)  # the write may have landed
+            mem.target_unknown(data_id, at=self._clock())  # the write may have landed
             raise _Failure("WriteFailure", str(exc)) from None
         if spec.rollout.targets:
-            restarts.learn(mem, done.secret, since=None if unknown or data_id == before.get(
-                api.ANN_DATA_ID) else self._clock())
+            mem.target_holds(targets.annotations_of(done.secret), since=None if unknown or
+                             data_id == before.get(api.ANN_DATA_ID) else self._clock())
         mem.wrote(resource_version(done.secret), sent=done.wrote)
         return done.data_changed
 

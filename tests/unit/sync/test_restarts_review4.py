@@ -32,12 +32,6 @@ def lose_the_next_secret_write_answer(world: Any) -> None:
     world.kube.update_secret = applied_then_lost
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review4 (also on 431b481): Memory.target_unknown drops data_id after the lost answer; "
-    "the retry learns the target's id with since=None (data of unknown age), so the "
-    "restart is due at once (t+1) and the change 10 s later costs a second one a window "
-    "on. Fix: remember when the write of ``sent`` was tried; a target later found holding "
-    "``sent`` learns since=that time (the window opens as for a write that answered)"))
 @pytest.mark.parametrize("operator_restarts", [False, True])
 def test_changes_within_one_window_after_a_lost_write_answer_are_one_restart(
         operator_restarts: bool) -> None:
@@ -97,12 +91,6 @@ def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_new_leader_
         api, first_look)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review4, LOW (a needless restart, not a late one): when one named workload owes a "
-    "restart at a failover, the new leader's change is of unknown age for every workload "
-    "of that HimitsuSecret: web, whose record was current, is restarted at once and again "
-    "a window later. Fix sketched: a since per workload (the change's time for one whose "
-    "record was the old id)"))
 def test_changes_within_one_window_after_a_failover_are_one_restart_for_a_current_workload(
 ) -> None:
     """Item 3: several changes within the window are one restart with the last data."""

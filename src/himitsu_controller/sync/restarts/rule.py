@@ -7,7 +7,6 @@ Why this is level-based and leaks nothing, and the edge cases: docs/design/resta
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from secrets import token_hex
 from typing import Any
 
 import structlog
@@ -22,27 +21,10 @@ from himitsu_controller.sync.restarts.scheduler import Claim, Key, Scheduler, st
 from himitsu_controller.sync.status import StatusWriter, bounded
 from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_bytes
 
-__all__ = ["Restarts", "data_id", "learn"]
+__all__ = ["Restarts"]
 
 log = structlog.get_logger(__name__)
 NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did not write
-
-
-def data_id(mem: Memory, target: Mapping[str, Any] | None, digest: str) -> str:
-    """The id to stamp for data ``digest``: the one held for these bytes, else a new one."""
-    if mem.data_id is None:
-        learn(mem, target)
-    ann = annotations_of(target)
-    if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
-        return ann[api.ANN_DATA_ID]
-    return mem.data_id if mem.data_id and mem.data_digest == digest else token_hex(8)
-
-
-def learn(mem: Memory, secret: Mapping[str, Any] | None, *, since: float | None = None) -> None:
-    """The target holds ``secret``'s data id, since ``since`` (None: since before we looked)."""
-    ann = annotations_of(secret)
-    mem.target_holds(ann.get(api.ANN_DATA_ID), ann.get(api.ANN_DATA_HASH),
-                     ann.get(api.ANN_DATA_ID_CHECK), since=since)
 
 
 class Restarts:
@@ -58,23 +40,20 @@ class Restarts:
         if target is None and not on_create:
             return  # no pod can have read a missing target
         ours = ann.get(api.ANN_OWNED_BY) == ctx.owner.name and not on_create
-        value = (ann.get(api.ANN_DATA_ID) if ours else None) or NOT_OURS
-        had: dict[tuple[str, str], str | None] = {}
+        held, had = ann.get(api.ANN_DATA_ID) if ours else None, {}
         for t in (t for t in spec.rollout.targets if t.supported):
             try:
                 had[t.kind, t.name] = self.scheduler.baseline(
                     (ctx.owner.namespace, t.kind, t.name), ctx.owner.name, spec.target.name,
-                    value)
+                    held or NOT_OURS)
             except KubeError as exc:  # a 403 (no restart RBAC), 400 or 422 lasts: go on
                 if exc.status in (0, 409, 429) or exc.status >= 500:
                     raise
                 log.warning("recording a workload failed", key=ctx.key, error=str(exc))
                 had[t.kind, t.name] = None
-        held = ann.get(api.ANN_DATA_ID) if ours else None
-        # Each record read (not one just put back: a guess) is the target's: none is owed.
-        if held and {v for v in had.values() if v is not None} == {held}:
-            for workload in had:
-                mem.rolled_out(workload, held)
+        # A record read (not one just put back: a guess) that is the target's: none is owed.
+        for workload in (w for w, v in had.items() if held and v in (held, None)):
+            mem.rolled_out(workload, held or "")
 
     def after(self, ctx: Context, spec: api.Spec, mem: Memory, result: Result) -> Result:
         """``result`` (whatever the sync did), woken in time for the restarts owed."""
@@ -96,7 +75,8 @@ class Restarts:
         ns, entries, wakes = ctx.owner.namespace, [], {}
         if mem.data_id is None:  # else as the cached target shows it, when it holds our data
             target = self._kube.get_secret(ns, spec.target.name, cached=True)
-            learn(mem, target if holds_own_bytes(target, owner=ctx.owner, spec=spec) else None)
+            ours = holds_own_bytes(target, owner=ctx.owner, spec=spec)
+            mem.target_holds(annotations_of(target if ours else None), since=None)
         held = mem.data_id or ""
         if not held and spec.rollout.targets:
             return None  # what the target holds is not known: nothing is decided
@@ -109,11 +89,13 @@ class Restarts:
             if not t.supported:
                 entry["warning"] = (f"kind {t.kind!r} cannot be restarted: only "
                                     f"{', '.join(api.WORKLOAD_KINDS)}")
+                if entry["warning"] != before.get("warning"):
+                    metrics.count_rollout("skipped_kind")
             elif (mem.workloads or {}).get((t.kind, t.name)) != held:
                 key, recorded = (ns, t.kind, t.name), _recorded(before)
                 baseline = NOT_OURS if recorded or _on_create(ctx, spec) else held
                 out = self.scheduler.settle(key, Claim(
-                    ctx.owner.name, spec.target.name, held, mem.data_since,
+                    ctx.owner.name, spec.target.name, held, mem.since_of((t.kind, t.name)),
                     spec.rollout.min_interval, baseline, (mem.data_digest, mem.data_check),
                     recorded=recorded))
                 if out.wake is None:  # nothing more owed for this data
@@ -128,7 +110,6 @@ class Restarts:
                         entry["lastRestart"] = stamp(out.restarted)
                 if not (recorded or out.recorded or "warning" in entry):
                     continue  # no entry until its record lands (a 409): see _recorded
-            self._report(ctx.obj, t, spec.target.name, before, entry)
             entries.append(entry)
         self.scheduler.release(ns, ctx.owner.name, keep=frozenset(wakes))
         self._status.rollouts(ctx.key, ctx.obj, entries)
@@ -152,20 +133,6 @@ class Restarts:
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
                     api.ANN_DATA_ID) if ours else None)
         return found
-
-    def _report(self, obj: Mapping[str, Any], target: api.RolloutTarget, secret: str,
-                before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
-        """An Event when a restart was made for this object, or a warning appears."""
-        if after.get("lastRestart") not in (None, before.get("lastRestart")):
-            self._status.event(obj, "Normal", "RolloutRestarted", f"Restarted {target.kind} "
-                               f"{target.name!r}: the data of Secret {secret!r} changed")
-        warning = str(after.get("warning") or "")
-        if warning and warning != before.get("warning"):
-            if not target.supported:
-                metrics.count_rollout("skipped_kind")
-            failed = warning.startswith(("reading", "restarting", "recording"))
-            self._status.event(obj, "Warning", "RolloutRestartFailed" if failed
-                               else "RolloutRestartSkipped", warning)
 
 
 def _recorded(entry: Mapping[str, Any]) -> bool:
