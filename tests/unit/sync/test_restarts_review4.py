@@ -1,7 +1,7 @@
 """Review 4 of the restarts and reconciler fixes (431b481..b9304df): reproductions.
 
-Each test is a strict xfail named after the guarantee it shows broken; it passes (XPASS,
-which fails the suite) the day the fix lands: then drop the mark."""
+Each test is named after the guarantee it shows; one still broken is a strict xfail (an
+XPASS fails the suite the day its fix lands: then drop the mark)."""
 
 from __future__ import annotations
 
@@ -120,14 +120,6 @@ def test_a_restart_owed_at_a_failover_waits_for_the_repair_of_a_hand_edited_targ
     assert world.data() == values(tag="b")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found with seed 46's diagnosis (modelx): the process that wrote the change restarts "
-    "web when the window ends although the target now holds a hand edit it cannot repair "
-    "(Himitsu down): Scheduler._evaluate takes the claim's data id when _current finds the "
-    "holder's target not holding its bytes (None). The repair then writes the same bytes "
-    "under the same id, so web's pods keep the hand edit until the next change. Fix: in "
-    "_evaluate, a claim whose holder's target holds none of its bytes (names[holder][1] is "
-    "None) waits (a retry wake), as the new leader's _step does (holds_own_bytes)"))
 def test_an_owed_restart_waits_for_the_repair_of_a_target_edited_by_hand() -> None:
     """The pods never start with a hand edit the operator is about to repair."""
     world = rollout_world(minRestartInterval="10s", refreshInterval="1m")

@@ -137,6 +137,8 @@ class Scheduler:
         if now < (due := self._due(slot, claim.holder)):
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
+        if claim.holder in names and names[claim.holder][1] is None:  # edited: repair first
+            return Outcome(now + 1.0, recorded=True)
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
