@@ -134,3 +134,24 @@ def test_an_owed_restart_waits_for_the_repair_of_a_target_edited_by_hand() -> No
     assert restarts(world) == [], "restarted onto the hand edit"
     world.reconcile(fetched(6, values(tag="b")))  # the repair
     assert len(restarts(world)) == 1
+
+
+def test_a_restart_waiting_for_a_repair_does_not_wake_the_sync_every_second() -> None:
+    """Cost: while Himitsu is down and the target holds a hand edit, the restart owed
+    wakes the sync at most once per minRestartInterval (Himitsu's backoff paces the rest),
+    not every second for as long as the outage lasts."""
+    world = rollout_world(minRestartInterval="1m", refreshInterval="1m")
+    world.sync(5)
+    world.clock.advance(60)
+    world.reconcile(fetched(6, values(tag="b")))
+    world.clock.advance(1)
+    world.kube.edit_secret(NS, TARGET, data={**world.target()["data"], "KEY_0": "ZWRpdGVk"})
+    start, wakes = world.clock().timestamp(), 0
+    while world.clock().timestamp() - start < 600:  # a ten-minute outage
+        result = world.reconcile(ServerError("down", status=500))
+        world.clock.advance(result.requeue_after or 1.0)
+        wakes += 1
+    assert restarts(world) == []
+    assert wakes <= 30, wakes  # every second would be 600
+    world.reconcile(fetched(6, values(tag="b")))  # the repair
+    assert len(restarts(world)) == 1

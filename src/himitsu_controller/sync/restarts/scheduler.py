@@ -138,7 +138,7 @@ class Scheduler:
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
         if claim.holder in names and names[claim.holder][1] is None:  # edited: repair first
-            return Outcome(now + 1.0, recorded=True)
+            return Outcome(now + max(claim.window, 1.0), recorded=True)  # its sync asks
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
