@@ -11,8 +11,9 @@ from datetime import datetime, timedelta
 
 import pytest
 from fakes import b64
-from reconcile_world import KEY, NS, TARGET, fetched
+from reconcile_world import KEY, NAME, NS, TARGET, World, fetched
 from test_restarts import (
+    WEB,
     _other,
     changed,
     merge_web_world,
@@ -21,7 +22,8 @@ from test_restarts import (
     tick,
     two_holders,
 )
-from test_restarts_review4 import lose_the_next_secret_write_answer
+from test_restarts_review import settle_304
+from test_restarts_review4 import API, lose_the_next_secret_write_answer
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.sync.ports import KubeError
@@ -174,3 +176,34 @@ def test_a_write_whose_answer_was_lost_is_restarted_within_the_window_while_himi
         world.fetcher.script.clear()
     made = [datetime.fromisoformat(at) for at in restarts(world)]
     assert made and made[0] - landed <= timedelta(seconds=12), (landed, made)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 MEDIUM: a restart owed before a failover (data of unknown age) waits a whole "
+    "window when the new leader's first write loses its answer: target_unknown drops the "
+    "id, and the landed write found again sets data_since (sent's time) with sure=None "
+    "for every workload (Memory.target_unknown / target_holds)"))
+def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_first_write_answer_is_lost(
+) -> None:
+    """docs/design/restarts.md: a restart owed for data of unknown age (a new leader's
+    first look) stays due at once, lost answers or not (review4's failover case)."""
+    world = World(rolloutRestartTargets=[WEB, API], minRestartInterval="1m",
+                  refreshInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.kube.add_workload(NS, "Deployment", "api", reads=TARGET)
+    world.sync(5)
+    api_obj = world.kube.workloads[(NS, "Deployment", "api")]
+    api_obj["metadata"]["annotations"][api.ANN_STARTED_WITH] = f"{NAME}=0123456789abcdef"
+    world.restart()  # the old leader died before restarting api
+    world.clock.advance(30)
+    first_look = world.clock()
+    lose_the_next_secret_write_answer(world)
+    result = world.reconcile(fetched(6, changed("b")))  # landed; WriteFailure
+    assert result.error == "WriteFailure"
+    world.clock.advance(result.requeue_after or 1.0)
+    result = world.reconcile(fetched(6, changed("b")))  # the retry finds it written
+    for _ in range(12):
+        result = settle_304(world, result)
+    made = [datetime.fromisoformat(at) for _, _, name, at in world.kube.restarts
+            if name == "api"]
+    assert made and made[0] - first_look < timedelta(seconds=15), (first_look, made)
