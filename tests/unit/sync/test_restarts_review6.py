@@ -1,0 +1,209 @@
+"""Review 6 of 5230d54..4430866 (data ids in Memory, rollout Events from the status writer,
+lost-write windows, per-workload ``since``, no restart onto a hand edit): reproductions.
+
+Each test is a strict xfail named after the guarantee it shows broken; it passes (XPASS,
+which fails the suite) the day the fix lands: then drop the mark."""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta
+
+import pytest
+from fakes import b64
+from reconcile_world import KEY, NAME, NS, TARGET, World, fetched
+from test_restarts import (
+    WEB,
+    _other,
+    changed,
+    merge_web_world,
+    restarts,
+    rollout_world,
+    tick,
+    two_holders,
+)
+from test_restarts_review import settle_304
+from test_restarts_review4 import API, lose_the_next_secret_write_answer
+
+from himitsu_controller import api, himitsu
+from himitsu_controller.sync.ports import KubeError
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 HIGH: a restart made for one HimitsuSecret while another one naming the "
+    "workload holds a hand edit starts pods on that edit; its repair puts back the bytes "
+    "under the same id, so no restart follows (scheduler._evaluate checks only the "
+    "claim's own holder)"))
+def test_pods_restarted_onto_another_holder_s_hand_edit_are_restarted_once_it_is_repaired(
+) -> None:
+    """Item 3 and 4430866's intent: the pods never keep a hand edit the operator repairs."""
+    world = two_holders("10s")
+    world.clock.advance(60)
+    other = world.kube.secret(NS, "other-secrets")["data"]
+    world.kube.edit_secret(NS, "other-secrets", data={**other, "KEY_0": b64("hand-edit")})
+    world.reconcile(fetched(6, changed("b")))  # app-config changes: web owes a restart
+    world.clock.advance(10)
+    tick(world)  # web restarted: its new pods read other-secrets' hand edit
+    assert len(restarts(world)) == 1
+    world.clock.advance(60)
+    _other(world, fetched(5))  # other's poll repairs its target (the bytes before the edit)
+    repaired = world.clock()
+    assert world.kube.secret(NS, "other-secrets")["data"] == other
+    for _ in range(6):
+        world.clock.advance(5)
+        tick(world)
+        tick(world, "other")
+    assert any(datetime.fromisoformat(at) >= repaired for at in restarts(world)), (
+        "the pods still run the hand edit the operator repaired", restarts(world))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 MEDIUM: the RolloutRestarted Event and the entry's lastRestart are lost when "
+    "the status write after a restart fails: memory marks the workload rolled out, so "
+    "later entries copy the old one (rule._step, status.rollouts)"))
+def test_a_restart_whose_status_write_failed_is_still_reported_once() -> None:
+    """Item 3: Events and status as today: one RolloutRestarted per restart made."""
+    world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
+    world.sync(5)
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    world.clock.advance(10)
+    world.kube.fail_next["patch_status"] = [KubeError("etcdserver: timed out", status=504)]
+    result = tick(world)  # the restart is made; the status write after it fails
+    assert len(restarts(world)) == 1
+    for _ in range(10):  # the retries, then a poll (a 304)
+        world.clock.advance(result.requeue_after or 15.0)
+        result = tick(world)
+    events = [e for e in world.kube.events if e.reason == "RolloutRestarted"]
+    entries = world.status().get("rolloutRestarts") or []
+    assert len(events) == 1 and entries and "lastRestart" in entries[0], (events, entries)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 MEDIUM (cost): a restart owed while the target holds a hand edit retries "
+    "every 1 s (scheduler._evaluate), and Restarts.after overrides the sync's failure "
+    "backoff with it: Himitsu is asked every second for as long as it fails"))
+def test_an_owed_restart_waiting_for_a_repair_keeps_himitsu_s_failure_backoff() -> None:
+    """Failures back off (1 s doubling); a restart waiting for a repair adds no request."""
+    world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
+    world.sync(5)
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))  # owed a window later
+    world.kube.edit_secret(NS, TARGET, data={**world.target()["data"], "KEY_0": b64("edit")})
+    down = himitsu.ServerError("down", status=503)
+    world.fetcher.script[:] = [down] * 500
+    start, asked = world.clock().timestamp(), len(world.fetcher.calls)
+    while world.clock().timestamp() - start < 120:
+        result = world.reconciler.reconcile(KEY)
+        world.clock.advance(result.requeue_after or 1.0)
+    world.fetcher.script.clear()
+    assert restarts(world) == []  # never onto the hand edit
+    requests = len(world.fetcher.calls) - asked
+    assert requests <= 10, f"{requests} Himitsu requests in 2 min of a 5xx outage"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 LOW: a pruned himitsu.io/data-id on a target whose bytes are intact, found "
+    "after an operator restart, is restamped (on a 304) under a new id: every named "
+    "workload is restarted for bytes its pods already have (Memory.id_for mints; the "
+    "id-check stamp left on the target could have vouched for the record)"))
+def test_a_pruned_data_id_stamp_found_after_an_operator_restart_restarts_nothing() -> None:
+    """Item 3: a 304 and an operator restart restart nothing; only the listed trades cost
+    one (a target deleted and recreated, a record removed from the workload)."""
+    world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
+    world.sync(5)
+    meta = copy.deepcopy(world.target()["metadata"])
+    del meta["annotations"][api.ANN_DATA_ID]  # a tool pruned the stamp; the data is intact
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+    world.restart()
+    for _ in range(4):
+        world.poll(himitsu.NotModified(5))
+    assert api.ANN_DATA_ID in world.target()["metadata"]["annotations"]  # put back
+    assert restarts(world) == [], restarts(world)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 MEDIUM (cost): a restart owed when a Merge target stops holding our data "
+    "for good (its owner withdrew consent and replaced its annotations) is retried every "
+    "1 s forever (scheduler._evaluate), over the TargetConflict's backoff: a workload GET "
+    "and a direct Secret GET a second until the HimitsuSecret is edited or deleted"))
+def test_an_owed_restart_onto_a_target_that_is_no_longer_ours_does_not_wake_every_second(
+) -> None:
+    """A failure that lasts backs off (capped at refreshInterval); so does a restart
+    waiting for data that will not come back."""
+    world = merge_web_world()
+    result = world.sync(5)
+    for _ in range(5):  # the first sync's restart (a Merge target its pods read)
+        world.clock.advance(result.requeue_after or 10.0)
+        result = tick(world)
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))  # owed a window later
+    meta = copy.deepcopy(world.target()["metadata"])
+    meta["annotations"] = {"meta.helm.sh/release-name": "r"}  # a Helm upgrade: consent gone
+    world.kube.edit_secret(NS, TARGET, metadata=meta)
+    start, wakes = world.clock().timestamp(), 0
+    while world.clock().timestamp() - start < 600:
+        result = world.reconciler.reconcile(KEY)
+        wakes += 1
+        world.clock.advance(result.requeue_after or 60.0)
+    assert world.ready()["reason"] == "TargetConflict"
+    assert wakes <= 30, f"{wakes} reconciles in 10 min of a lasting TargetConflict"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 MEDIUM: a Secret write whose answer was lost, while the informer still shows "
+    "the old data, is learnt as the old data (Restarts._step's cached read, "
+    "Memory.target_holds): nothing reads the target's id again until Himitsu answers, so "
+    "its restart waits for Himitsu, however long it fails"))
+def test_a_write_whose_answer_was_lost_is_restarted_within_the_window_while_himitsu_fails(
+) -> None:
+    """Item 3: restarted no later than minRestartInterval after the change reached the
+    Secret; a failing Himitsu does not hold back an owed restart."""
+    world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
+    world.sync(5)
+    world.clock.advance(60)
+    world.kube.freeze_cache(NS, TARGET)  # the informer has not seen the write yet
+    lose_the_next_secret_write_answer(world)
+    result = world.reconcile(fetched(6, changed("b")))  # landed; WriteFailure
+    landed = world.clock()
+    assert result.error == "WriteFailure" and world.data() == changed("b")
+    world.kube.thaw()  # the informer catches up
+    down = himitsu.ServerError("down", status=503)
+    while world.clock() - landed < timedelta(seconds=60):
+        world.clock.advance(result.requeue_after or 1.0)
+        world.fetcher.script[:] = [down]
+        result = world.reconciler.reconcile(KEY)
+        world.fetcher.script.clear()
+    made = [datetime.fromisoformat(at) for at in restarts(world)]
+    assert made and made[0] - landed <= timedelta(seconds=12), (landed, made)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 MEDIUM: a restart owed before a failover (data of unknown age) waits a whole "
+    "window when the new leader's first write loses its answer: target_unknown drops the "
+    "id, and the landed write found again sets data_since (sent's time) with sure=None "
+    "for every workload (Memory.target_unknown / target_holds)"))
+def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_first_write_answer_is_lost(
+) -> None:
+    """docs/design/restarts.md: a restart owed for data of unknown age (a new leader's
+    first look) stays due at once, lost answers or not (review4's failover case)."""
+    world = World(rolloutRestartTargets=[WEB, API], minRestartInterval="1m",
+                  refreshInterval="10s")
+    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
+    world.kube.add_workload(NS, "Deployment", "api", reads=TARGET)
+    world.sync(5)
+    api_obj = world.kube.workloads[(NS, "Deployment", "api")]
+    api_obj["metadata"]["annotations"][api.ANN_STARTED_WITH] = f"{NAME}=0123456789abcdef"
+    world.restart()  # the old leader died before restarting api
+    world.clock.advance(30)
+    first_look = world.clock()
+    lose_the_next_secret_write_answer(world)
+    result = world.reconcile(fetched(6, changed("b")))  # landed; WriteFailure
+    assert result.error == "WriteFailure"
+    world.clock.advance(result.requeue_after or 1.0)
+    result = world.reconcile(fetched(6, changed("b")))  # the retry finds it written
+    for _ in range(12):
+        result = settle_304(world, result)
+    made = [datetime.fromisoformat(at) for _, _, name, at in world.kube.restarts
+            if name == "api"]
+    assert made and made[0] - first_look < timedelta(seconds=15), (first_look, made)
