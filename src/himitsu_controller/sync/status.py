@@ -116,31 +116,33 @@ class StatusWriter:
             if isinstance(entries, list) else []
 
     def rollouts(self, key: str, obj: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
-        """Write ``status.rolloutRestarts`` (removed when empty) if it changed, then an Event
-        for each restart it shows made and each new warning; not after a write whose
-        outcome is unknown (an answer lost: built on what we knew, it could undo that
-        write), which the next reconcile's write repeats."""
-        with self._lock:
-            if key in self._unsure:
-                return
+        """Write ``status.rolloutRestarts`` (removed when empty) if it changed; not after a
+        write whose outcome is unknown (an answer lost: built on what we knew, it could undo
+        that write), which the next reconcile's write repeats. An Event for each restart
+        the entries show made and each new warning, written or not: none is lost."""
         before = {(e.get("kind"), e.get("name")): e for e in self.rollout_entries(key, obj)}
-        previous = self._current(key, obj)
-        status = dict(previous)
-        status["rolloutRestarts"] = entries or None
-        if {k: v for k, v in status.items() if v is not None} != previous:
-            self._write(key, obj, status)
-        secret = ((obj.get("spec") or {}).get("target") or {}).get("name")
-        for entry in entries:
-            old, what = before.get((entry["kind"], entry["name"]), {}), \
-                f"{entry['kind']} {entry['name']!r}"
-            if entry.get("lastRestart") not in (None, old.get("lastRestart")):
-                self.event(obj, "Normal", "RolloutRestarted",
-                           f"Restarted {what}: the data of Secret {secret!r} changed")
-            warning = str(entry.get("warning") or "")
-            if warning and warning != old.get("warning"):
-                failed = warning.startswith(("reading", "restarting", "recording"))
-                self.event(obj, "Warning", "RolloutRestartFailed" if failed
-                           else "RolloutRestartSkipped", warning)
+        try:
+            with self._lock:
+                if key in self._unsure:
+                    return
+            previous = self._current(key, obj)
+            status = dict(previous)
+            status["rolloutRestarts"] = entries or None
+            if {k: v for k, v in status.items() if v is not None} != previous:
+                self._write(key, obj, status)
+        finally:
+            secret = ((obj.get("spec") or {}).get("target") or {}).get("name")
+            for entry in entries:
+                old = before.get((entry["kind"], entry["name"]), {})
+                what = f"{entry['kind']} {entry['name']!r}"
+                if entry.get("lastRestart") not in (None, old.get("lastRestart")):
+                    self.event(obj, "Normal", "RolloutRestarted",
+                               f"Restarted {what}: the data of Secret {secret!r} changed")
+                warning = str(entry.get("warning") or "")
+                if warning and warning != old.get("warning"):
+                    failed = warning.startswith(("reading", "restarting", "recording"))
+                    self.event(obj, "Warning", "RolloutRestartFailed" if failed
+                               else "RolloutRestartSkipped", warning)
 
     def forget(self, key: str) -> None:
         with self._lock:

@@ -29,22 +29,18 @@ from himitsu_controller import api, himitsu
 from himitsu_controller.sync.ports import KubeError
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review6 HIGH: a restart made for one HimitsuSecret while another one naming the "
-    "workload holds a hand edit starts pods on that edit; its repair puts back the bytes "
-    "under the same id, so no restart follows (scheduler._evaluate checks only the "
-    "claim's own holder)"))
 def test_pods_restarted_onto_another_holder_s_hand_edit_are_restarted_once_it_is_repaired(
 ) -> None:
-    """Item 3 and 4430866's intent: the pods never keep a hand edit the operator repairs."""
+    """Item 3 and 4430866's intent: the pods never start on, nor keep, a hand edit the
+    operator repairs, be it in another HimitsuSecret's target."""
     world = two_holders("10s")
     world.clock.advance(60)
     other = world.kube.secret(NS, "other-secrets")["data"]
     world.kube.edit_secret(NS, "other-secrets", data={**other, "KEY_0": b64("hand-edit")})
     world.reconcile(fetched(6, changed("b")))  # app-config changes: web owes a restart
     world.clock.advance(10)
-    tick(world)  # web restarted: its new pods read other-secrets' hand edit
-    assert len(restarts(world)) == 1
+    tick(world)  # web's restart is due: not onto other-secrets' hand edit
+    assert restarts(world) == []
     world.clock.advance(60)
     _other(world, fetched(5))  # other's poll repairs its target (the bytes before the edit)
     repaired = world.clock()
@@ -58,9 +54,9 @@ def test_pods_restarted_onto_another_holder_s_hand_edit_are_restarted_once_it_is
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "review6 MEDIUM: the RolloutRestarted Event and the entry's lastRestart are lost when "
-    "the status write after a restart fails: memory marks the workload rolled out, so "
-    "later entries copy the old one (rule._step, status.rollouts)"))
+    "review6 (LOW, before this change too): a restart made while the status write fails "
+    "is marked rolled out in memory, so the next entry copies the old one: lastRestart "
+    "never shows it (its RolloutRestarted Event is sent once: fixed)"))
 def test_a_restart_whose_status_write_failed_is_still_reported_once() -> None:
     """Item 3: Events and status as today: one RolloutRestarted per restart made."""
     world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
@@ -76,13 +72,10 @@ def test_a_restart_whose_status_write_failed_is_still_reported_once() -> None:
         result = tick(world)
     events = [e for e in world.kube.events if e.reason == "RolloutRestarted"]
     entries = world.status().get("rolloutRestarts") or []
-    assert len(events) == 1 and entries and "lastRestart" in entries[0], (events, entries)
+    assert len(events) == 1, events
+    assert entries and "lastRestart" in entries[0], entries
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review6 MEDIUM (cost): a restart owed while the target holds a hand edit retries "
-    "every 1 s (scheduler._evaluate), and Restarts.after overrides the sync's failure "
-    "backoff with it: Himitsu is asked every second for as long as it fails"))
 def test_an_owed_restart_waiting_for_a_repair_keeps_himitsu_s_failure_backoff() -> None:
     """Failures back off (1 s doubling); a restart waiting for a repair adds no request."""
     world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
@@ -122,11 +115,6 @@ def test_a_pruned_data_id_stamp_found_after_an_operator_restart_restarts_nothing
     assert restarts(world) == [], restarts(world)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review6 MEDIUM (cost): a restart owed when a Merge target stops holding our data "
-    "for good (its owner withdrew consent and replaced its annotations) is retried every "
-    "1 s forever (scheduler._evaluate), over the TargetConflict's backoff: a workload GET "
-    "and a direct Secret GET a second until the HimitsuSecret is edited or deleted"))
 def test_an_owed_restart_onto_a_target_that_is_no_longer_ours_does_not_wake_every_second(
 ) -> None:
     """A failure that lasts backs off (capped at refreshInterval); so does a restart
@@ -207,3 +195,20 @@ def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_first_write
     made = [datetime.fromisoformat(at) for _, _, name, at in world.kube.restarts
             if name == "api"]
     assert made and made[0] - first_look < timedelta(seconds=15), (first_look, made)
+
+
+def test_a_restart_whose_status_write_failed_still_sends_its_event_once() -> None:
+    """Item 3: one RolloutRestarted Event per restart made, also when the status write
+    that shows it fails (the Event is sent whether or not the entry is written)."""
+    world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
+    world.sync(5)
+    world.clock.advance(60)
+    world.reconcile(fetched(6, changed("b")))
+    world.clock.advance(10)
+    world.kube.fail_next["patch_status"] = [KubeError("etcdserver: timed out", status=504)]
+    result = tick(world)
+    assert len(restarts(world)) == 1
+    for _ in range(10):
+        world.clock.advance(result.requeue_after or 15.0)
+        result = tick(world)
+    assert len([e for e in world.kube.events if e.reason == "RolloutRestarted"]) == 1

@@ -7,6 +7,7 @@ Why this is level-based and leaks nothing, and the edge cases: docs/design/resta
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from math import inf
 from typing import Any
 
 import structlog
@@ -17,14 +18,13 @@ from himitsu_controller.sync.context import Context
 from himitsu_controller.sync.memory import Memory
 from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube, KubeError
-from himitsu_controller.sync.restarts.scheduler import Claim, Key, Scheduler, stamp
+from himitsu_controller.sync.restarts.scheduler import NOT_OURS, Claim, Key, Scheduler, stamp
 from himitsu_controller.sync.status import StatusWriter, bounded
 from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_bytes
 
 __all__ = ["Restarts"]
 
 log = structlog.get_logger(__name__)
-NOT_OURS = "-"  # the record of pods started with data this HimitsuSecret did not write
 
 
 class Restarts:
@@ -62,7 +62,7 @@ class Restarts:
         except KubeError as exc:  # the status patch: retried
             log.warning("rollout status update failed", key=ctx.key, error=str(exc))
             wake = self._now() + 1.0
-        delay = None if wake is None else schedule.requeue_delay(self._now(), wake)
+        delay = None if wake in (None, inf) else schedule.requeue_delay(self._now(), wake)
         if delay is None or 0 < (result.requeue_after or 0) <= delay:
             return result
         return Result(requeue_after=delay, error=result.error)
@@ -116,7 +116,8 @@ class Restarts:
         return min(wakes.values(), default=None)
 
     def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
-        """Each HimitsuSecret naming the workload: its target, the id it holds (read fresh).
+        """Each HimitsuSecret naming the workload: its target, the id it holds (read fresh;
+        NOT_OURS: other bytes, a hand edit; None: none).
         One whose spec is invalid (a typo being fixed) may name it: its record is kept."""
         found: dict[str, tuple[str, str | None]] = {}
         for obj in self._kube.list_himitsu_secrets():
@@ -131,7 +132,7 @@ class Restarts:
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
                 ours = holds_own_bytes(target, owner=owner, spec=spec)
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
-                    api.ANN_DATA_ID) if ours else None)
+                    api.ANN_DATA_ID) if ours else None if target is None else NOT_OURS)
         return found
 
 

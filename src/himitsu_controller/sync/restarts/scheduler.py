@@ -16,11 +16,12 @@ from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Conflict, KubeError, Workloads
 from himitsu_controller.sync.restarts.references import allowed, refused, unreferenced
 
-__all__ = ["Claim", "Outcome", "Scheduler", "record_of", "stamp"]
+__all__ = ["NOT_OURS", "Claim", "Outcome", "Scheduler", "record_of", "stamp"]
 
 CONFLICT_RETRIES = 5  # a record before a write: the workload read again after a 409
 CLOCK_SLACK = 1.0  # a restartedAt further ahead of our clock proves nothing (skew, or by hand)
 Key = tuple[str, str, str]  # namespace, kind, name
+NOT_OURS = "-"  # the data id of bytes the HimitsuSecret did not write (pods have, or a target)
 # Every HimitsuSecret naming the workload: name -> (its target, the id it holds or None).
 Current = Callable[[Key], Mapping[str, tuple[str, str | None]]]
 
@@ -37,7 +38,7 @@ class Claim(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    wake: float | None  # when to ask again (None: nothing more is owed for this data)
+    wake: float | None  # when to ask again (None: nothing more is owed; inf: at the next sync)
     restarted: float = 0.0  # when the restart that rolled it out was made (0: none needed)
     message: str = ""  # what went wrong, or why the workload is skipped
     recorded: bool = False  # the workload was read with the holder's record, or got it
@@ -137,9 +138,9 @@ class Scheduler:
         if now < (due := self._due(slot, claim.holder)):
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
-        if claim.holder in names and names[claim.holder][1] is None:  # edited: repair first
-            return Outcome(now + max(claim.window, 1.0), recorded=True)  # its sync asks
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
+        if NOT_OURS in ids.values():  # a hand edit new pods would read: after its repair,
+            return Outcome(float("inf"), recorded=True)  # which the holders' syncs make
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
             return Outcome(None, recorded=True)
