@@ -103,13 +103,15 @@ class Memory:
         self.failures = 0
         self.scheduled(answered=answered, interval=interval, due=due)
 
-    def target_holds(self, ann: Mapping[str, str], *, since: float | None) -> None:
+    def target_holds(self, ann: Mapping[str, str], *, since: float | None,
+                     read: bool = False) -> None:
         """The target holds the data of annotations ``ann`` (its id, digest and the id's
-        check; sync.restarts), since ``since`` (None: since before this process looked)."""
+        check; sync.restarts), since ``since`` (None: since before this process looked);
+        ``read``: as read afresh, so a write whose answer was lost is settled either way."""
         data_id = ann.get(api.ANN_DATA_ID)
         if data_id and data_id != self.data_id:
             if self.sent and self.sent[0] == data_id:  # that write landed: its time
-                since = self.sent[1]
+                since, self.sent = self.sent[1], None
             # A restart that may still be owed for data of unknown arrival stays due at once:
             # only a workload known to have had the data before waits from ``since``.
             if self.data_id is not None and (self.data_since is None or self.sure is not None):
@@ -121,6 +123,8 @@ class Memory:
             self.data_since = since
         if data_id:
             self.data_check = ann.get(api.ANN_DATA_ID_CHECK)
+        if read:
+            self.sent = None
 
     def id_for(self, ann: Mapping[str, str], digest: str) -> str:
         """The data id to stamp on a target with annotations ``ann`` for data ``digest``:
@@ -132,11 +136,11 @@ class Memory:
         return self.data_id if self.data_id and self.data_digest == digest else token_hex(8)
 
     def target_unknown(self, sent: str, *, at: float) -> None:
-        """A write of data id ``sent`` at ``at`` that may have landed: what the target
-        holds is to be read again, unless it is the id known here (a repair: whichever
-        way, it stays); found there, it arrived at ``at``."""
+        """A write of data id ``sent`` at ``at`` that may have landed: the target is to be
+        read afresh (``sent`` set), unless ``sent`` is the id known here (a repair:
+        whichever way, it stays); found there, it arrived at ``at``."""
         if sent != self.data_id:
-            self.data_id, self.sent = None, (sent, at)
+            self.sent = (sent, at)
 
     def since_of(self, workload: tuple[str, str]) -> float | None:
         """Since when ``workload`` (kind, name) may owe a restart for the data the target

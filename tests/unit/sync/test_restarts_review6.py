@@ -138,11 +138,6 @@ def test_an_owed_restart_onto_a_target_that_is_no_longer_ours_does_not_wake_ever
     assert wakes <= 30, f"{wakes} reconciles in 10 min of a lasting TargetConflict"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review6 MEDIUM: a Secret write whose answer was lost, while the informer still shows "
-    "the old data, is learnt as the old data (Restarts._step's cached read, "
-    "Memory.target_holds): nothing reads the target's id again until Himitsu answers, so "
-    "its restart waits for Himitsu, however long it fails"))
 def test_a_write_whose_answer_was_lost_is_restarted_within_the_window_while_himitsu_fails(
 ) -> None:
     """Item 3: restarted no later than minRestartInterval after the change reached the
@@ -166,11 +161,6 @@ def test_a_write_whose_answer_was_lost_is_restarted_within_the_window_while_himi
     assert made and made[0] - landed <= timedelta(seconds=12), (landed, made)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review6 MEDIUM: a restart owed before a failover (data of unknown age) waits a whole "
-    "window when the new leader's first write loses its answer: target_unknown drops the "
-    "id, and the landed write found again sets data_since (sent's time) with sure=None "
-    "for every workload (Memory.target_unknown / target_holds)"))
 def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_first_write_answer_is_lost(
 ) -> None:
     """docs/design/restarts.md: a restart owed for data of unknown age (a new leader's

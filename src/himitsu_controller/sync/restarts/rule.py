@@ -73,10 +73,12 @@ class Restarts:
     def _step(self, ctx: Context, spec: api.Spec, mem: Memory) -> float | None:
         """Settle the workloads owed a restart, write their status entries; the next wake."""
         ns, entries, wakes = ctx.owner.namespace, [], {}
-        if mem.data_id is None:  # else as the cached target shows it, when it holds our data
-            target = self._kube.get_secret(ns, spec.target.name, cached=True)
+        if mem.data_id is None or mem.sent:  # else as known; after a lost answer: fresh
+            target = self._kube.get_secret(ns, spec.target.name, cached=not mem.sent,
+                                           fresh=bool(mem.sent))
             ours = holds_own_bytes(target, owner=ctx.owner, spec=spec)
-            mem.target_holds(annotations_of(target if ours else None), since=None)
+            mem.target_holds(annotations_of(target if ours else None), since=None,
+                             read=bool(mem.sent))
         held = mem.data_id or ""
         if not held and spec.rollout.targets:
             return None  # what the target holds is not known: nothing is decided
