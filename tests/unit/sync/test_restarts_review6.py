@@ -202,3 +202,21 @@ def test_a_restart_whose_status_write_failed_still_sends_its_event_once() -> Non
         world.clock.advance(result.requeue_after or 15.0)
         result = tick(world)
     assert len([e for e in world.kube.events if e.reason == "RolloutRestarted"]) == 1
+
+
+def test_a_restart_waiting_for_a_co_holder_s_repair_is_asked_again_within_a_window() -> None:
+    """Item 3: a restart held back by another HimitsuSecret's hand edit is asked again a
+    window on, whatever the claim holder's own refreshInterval (its own sync may not come
+    for an hour): the co-holder's repair wakes nothing of the claim's."""
+    world = two_holders("10s")
+    world.clock.advance(60)
+    other = world.kube.secret(NS, "other-secrets")["data"]
+    world.kube.edit_secret(NS, "other-secrets", data={**other, "KEY_0": b64("hand-edit")})
+    world.reconcile(fetched(6, changed("b")))
+    hsec = world.kube.himitsu_secrets[(NS, NAME)]
+    hsec["spec"]["refreshInterval"] = "1h"
+    hsec["metadata"]["generation"] += 1
+    world.clock.advance(10)
+    result = tick(world)  # due, held back by other-secrets' hand edit
+    assert restarts(world) == []
+    assert result.requeue_after is not None and result.requeue_after <= 10, result

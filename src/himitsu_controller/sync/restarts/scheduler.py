@@ -139,8 +139,11 @@ class Scheduler:
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
-        if NOT_OURS in ids.values():  # a hand edit new pods would read: after its repair,
-            return Outcome(float("inf"), recorded=True)  # which the holders' syncs make
+        if edited := {h for h, i in ids.items() if i == NOT_OURS}:  # new pods would read a
+            # hand edit: after its repair, which the holder's own sync makes (a co-holder's
+            # wakes nothing here: asked again a window on)
+            return Outcome(float("inf") if edited == {claim.holder}
+                           else now + max(claim.window, 1.0), recorded=True)
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
             return Outcome(None, recorded=True)
