@@ -33,11 +33,6 @@ def _hand_edit_other(world: Any) -> None:
     world.kube.edit_secret(NS, "other-secrets", data={**other, "KEY_0": b64("hand-edit")})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review7 (MEDIUM): a co-holder whose sync never reaches Himitsu (dead token, outage, "
-    "TargetConflict) never repairs its hand-edited target, and scheduler._evaluate waits "
-    "on NOT_OURS with wake inf: app-config's owed restart is starved for good, silently "
-    "(no warning in its status)"))
 def test_a_co_holder_that_cannot_repair_its_hand_edit_does_not_starve_a_restart_forever(
 ) -> None:
     """Item 3: a change restarts each named workload no later than the window after it
@@ -119,11 +114,6 @@ def test_a_warning_is_sent_once_while_the_status_write_keeps_failing() -> None:
     assert len(warnings) <= 1, [e.message[:60] for e in warnings]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review7 (MEDIUM): rule._current maps a co-holder's target that exists but is not its "
-    "own (TargetConflict: a foreign Secret of that name) to NOT_OURS, and "
-    "scheduler._evaluate holds every restart of the workload back while any is NOT_OURS: "
-    "no sync will ever 'repair' it, so app-config's changes never restart web"))
 def test_a_co_holder_in_target_conflict_does_not_hold_back_another_s_restarts() -> None:
     """Item 3: each change restarts web once, within the window; a co-holder that never
     wrote its target (a Secret of that name it may not take over) has no hand edit."""
@@ -147,11 +137,6 @@ def test_a_co_holder_in_target_conflict_does_not_hold_back_another_s_restarts() 
     assert len(restarts(world)) == 1, restarts(world)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review7 (MEDIUM, f836292): a claim held back by a co-holder's hand edit is asked "
-    "again max(window, 1 s) on with no backoff (scheduler._evaluate `edited` branch): "
-    "with minRestartInterval 0 and a co-holder that cannot repair, app-config reconciles "
-    "each second, each a workload GET and a direct GET per naming HimitsuSecret's target"))
 def test_a_restart_held_back_by_an_unrepaired_co_holder_backs_off() -> None:
     """The review6 cost rule: a restart waiting for a repair never wakes each second."""
     world = rollout_world(minRestartInterval="0", refreshInterval="1h")

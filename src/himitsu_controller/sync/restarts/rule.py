@@ -20,7 +20,7 @@ from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube, KubeError
 from himitsu_controller.sync.restarts.scheduler import NOT_OURS, Claim, Key, Scheduler, stamp
 from himitsu_controller.sync.status import StatusWriter, bounded
-from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_bytes
+from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_bytes, owned_by
 
 __all__ = ["Restarts"]
 
@@ -119,7 +119,7 @@ class Restarts:
 
     def _current(self, key: Key) -> dict[str, tuple[str, str | None]]:
         """Each HimitsuSecret naming the workload: its target, the id it holds (read fresh;
-        NOT_OURS: other bytes, a hand edit; None: none).
+        NOT_OURS: a target stamped ours holding other bytes, a hand edit; None: none).
         One whose spec is invalid (a typo being fixed) may name it: its record is kept."""
         found: dict[str, tuple[str, str | None]] = {}
         for obj in self._kube.list_himitsu_secrets():
@@ -133,8 +133,9 @@ class Restarts:
                 owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid") or ""))
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
                 ours = holds_own_bytes(target, owner=owner, spec=spec)
+                edited = owned_by(target) == owner.name  # stamped ours, other bytes
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
-                    api.ANN_DATA_ID) if ours else None if target is None else NOT_OURS)
+                    api.ANN_DATA_ID) if ours else NOT_OURS if edited else None)
         return found
 
 

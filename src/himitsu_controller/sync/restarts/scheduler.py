@@ -139,11 +139,16 @@ class Scheduler:
             return Outcome(due, recorded=True)
         names = self._current(key)  # what each target holds now: what new pods will read
         ids = {h: i for h, (secret, i) in names.items() if i and allowed(workload, h, secret)}
-        if edited := {h for h, i in ids.items() if i == NOT_OURS}:  # new pods would read a
-            # hand edit: after its repair, which the holder's own sync makes (a co-holder's
-            # wakes nothing here: asked again a window on)
-            return Outcome(float("inf") if edited == {claim.holder}
-                           else now + max(claim.window, 1.0), recorded=True)
+        if edited := sorted(names[h][0] for h, i in ids.items() if i == NOT_OURS):
+            # New pods would read a hand edit: after its repair, which the holder's own sync
+            # makes; a co-holder's wakes nothing here: asked again with backoff.
+            wake = float("inf")
+            if ids[claim.holder] != NOT_OURS or len(edited) > 1:
+                slot.failures += 1
+                wake = slot.retry_at = now + schedule.backoff(slot.failures, claim.window)
+            return Outcome(wake, recorded=True, message=f"restarting {key[1]} {key[2]!r} "
+                           f"waits: Secret {', '.join(map(repr, edited))} holds data the "
+                           "operator did not write (edited by hand?); it follows the repair")
         ids = {c.holder: c.data_id for c in slot.claims.values()} | ids
         if ids[claim.holder] == record[claim.holder]:  # changed back meanwhile
             return Outcome(None, recorded=True)
