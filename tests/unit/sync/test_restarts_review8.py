@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import pytest
 from reconcile_world import NAME, NS, TARGET
 from test_restarts import two_holders
 
@@ -32,11 +31,6 @@ def _claim() -> Claim:
     return Claim(NAME, TARGET, "new-id", None, 10.0, NOT_OURS)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review8 (MEDIUM): scheduler._evaluate indexes ids[claim.holder] in the hand-edit "
-    "branch before the claims are merged into ids; a holder whose own fresh read is None "
-    "(its target deleted or its stamps stripped since its sync) is not in ids: KeyError "
-    "escapes settle (scheduler.py, `if ids[claim.holder] != NOT_OURS`)"))
 def test_a_co_holder_s_hand_edit_while_the_own_target_reads_none_is_a_wait_not_a_crash(
 ) -> None:
     """Item 3: a restart held back by a co-holder's hand edit waits with a warning."""
@@ -48,11 +42,6 @@ def test_a_co_holder_s_hand_edit_while_the_own_target_reads_none_is_a_wait_not_a
     assert out.wake is not None and "waits" in out.message
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review8 (LOW): a wait on a co-holder's hand edit raises slot.failures, which only a "
-    "restart resets; the first real 409 after the repair then backs off "
-    "backoff(failures + 1, 0.0) (up to 5 min) instead of 1 s, past the window "
-    "(scheduler.py: `slot.failures += 1` in the hand-edit branch; settle's KubeError path)"))
 def test_a_first_conflict_after_a_long_wait_for_a_repair_is_retried_at_once() -> None:
     """Item 3: failures (409s included) back off; a wait for a repair is not a failure."""
     world = two_holders("10s")

@@ -20,7 +20,8 @@ from himitsu_controller.sync.polling import schedule
 from himitsu_controller.sync.ports import Kube, KubeError
 from himitsu_controller.sync.restarts.scheduler import NOT_OURS, Claim, Key, Scheduler, stamp
 from himitsu_controller.sync.status import StatusWriter, bounded
-from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_bytes, owned_by
+from himitsu_controller.sync.target.stamps import stamped_by
+from himitsu_controller.sync.target.targets import Owner, annotations_of, holds_own_bytes
 
 __all__ = ["Restarts"]
 
@@ -133,7 +134,7 @@ class Restarts:
                 owner = Owner(namespace=key[0], name=meta["name"], uid=str(meta.get("uid") or ""))
                 target = self._kube.get_secret(key[0], spec.target.name, fresh=True)
                 ours = holds_own_bytes(target, owner=owner, spec=spec)
-                edited = owned_by(target) == owner.name  # stamped ours, other bytes
+                edited = stamped_by(target, name=owner.name, uid=owner.uid)  # other bytes
                 found[owner.name] = (spec.target.name, annotations_of(target).get(
                     api.ANN_DATA_ID) if ours else NOT_OURS if edited else None)
         return found

@@ -50,6 +50,7 @@ class _Slot:
     restarted: float = 0.0  # the workload's last restart known here (epoch)
     recorded: set[str] = field(default_factory=set)  # holders seen in its record
     failures: int = 0  # in a row, 409s included: the retries back off
+    waits: int = 0  # in a row, for a co-holder's repair: they back off too
     retry_at: float = 0.0
 
 
@@ -143,9 +144,9 @@ class Scheduler:
             # New pods would read a hand edit: after its repair, which the holder's own sync
             # makes; a co-holder's wakes nothing here: asked again with backoff.
             wake = float("inf")
-            if ids[claim.holder] != NOT_OURS or len(edited) > 1:
-                slot.failures += 1
-                wake = slot.retry_at = now + schedule.backoff(slot.failures, claim.window)
+            if ids.get(claim.holder) != NOT_OURS or len(edited) > 1:
+                slot.waits += 1
+                wake = slot.retry_at = now + schedule.backoff(slot.waits, claim.window)
             return Outcome(wake, recorded=True, message=f"restarting {key[1]} {key[2]!r} "
                            f"waits: Secret {', '.join(map(repr, edited))} holds data the "
                            "operator did not write (edited by hand?); it follows the repair")
@@ -157,7 +158,7 @@ class Scheduler:
         metrics.count_rollout("restarted")
         metrics.count_rollout("coalesced", sum(record.get(h) != i for h, i in new.items()) - 1)
         slot.claims.clear()
-        slot.restarted, slot.failures, slot.retry_at = now, 0, 0.0
+        slot.restarted, slot.failures, slot.waits, slot.retry_at = now, 0, 0, 0.0
         return Outcome(None, now, recorded=True)
 
     def _due(self, slot: _Slot, holder: str) -> float:
