@@ -319,10 +319,11 @@ def test_restarts_of_one_workload_are_a_window_apart() -> None:
     assert all(gap >= WINDOW for gap in gaps), gaps
 
 
-def two_holders(window: str = "10s") -> World:
-    """``app-config`` and ``other`` (target ``other-secrets``) both name Deployment web,
-    which reads both targets; both synced once."""
-    world = rollout_world(minRestartInterval=window)
+def two_holders(window: str = "10s", **spec: Any) -> World:
+    """``app-config`` (its ``spec`` fields as given) and ``other`` (target
+    ``other-secrets``) both name Deployment web, which reads both targets; both synced
+    once."""
+    world = rollout_world(minRestartInterval=window, **spec)
     other = make_hsec(rolloutRestartTargets=[WEB], minRestartInterval=window)
     other["metadata"]["name"] = "other"
     other["spec"]["target"]["name"] = "other-secrets"

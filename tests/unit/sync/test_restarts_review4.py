@@ -57,9 +57,9 @@ def test_changes_within_one_window_after_a_lost_write_answer_are_one_restart(
     assert len(restarts(world)) == 1, restarts(world)
 
 
-def _failover_with_one_workload_owed() -> tuple[World, datetime]:
-    """web's record is the target's id, api's predates it (a failover came before the old
-    leader restarted api); the new leader writes two changes an interval apart."""
+def failover_with_api_owed() -> World:
+    """web's record is the target's id, api's predates it: the old leader died before
+    restarting api; 30 s later, the new leader is about to take its first look."""
     world = World(rolloutRestartTargets=[WEB, API], minRestartInterval="1m",
                   refreshInterval="10s")
     world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
@@ -69,13 +69,25 @@ def _failover_with_one_workload_owed() -> tuple[World, datetime]:
     api_obj["metadata"]["annotations"][ann.ANN_STARTED_WITH] = f"{NAME}=0123456789abcdef"
     world.restart()
     world.clock.advance(30)
-    first_look = world.clock()
-    result = world.reconcile(fetched(6, values(tag="b")))  # the new leader's first look
+    return world
+
+
+def two_changes_an_interval_apart(world: World) -> None:
+    """The new leader's first look writes a change, the next poll another (one window);
+    then the restarts settle."""
+    result = world.reconcile(fetched(6, values(tag="b")))
     world.clock.advance(result.requeue_after or 10.0)
-    result = world.reconcile(fetched(7, values(tag="c")))  # an interval later: one window
+    result = world.reconcile(fetched(7, values(tag="c")))
     for _ in range(12):
         result = settle_304(world, result)
     assert world.data() == values(tag="c")
+
+
+def _failover_with_one_workload_owed() -> tuple[World, datetime]:
+    """``failover_with_api_owed``, then two changes an interval apart."""
+    world = failover_with_api_owed()
+    first_look = world.clock()
+    two_changes_an_interval_apart(world)
     return world, first_look
 
 

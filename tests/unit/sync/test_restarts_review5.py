@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from reconcile_world import NS, TARGET, World, fetched, values
-from test_restarts_review import settle_304
+from reconcile_world import NS, TARGET, World
+from test_restarts_review4 import two_changes_an_interval_apart
 
 WEB = {"kind": "Deployment", "name": "web"}
 GHOST = {"kind": "Deployment", "name": "ghost"}  # named, not (yet) deployed
@@ -25,12 +25,7 @@ def _failover_then_two_changes(named: list[dict[str, str]], setup: Any) -> World
     world.sync(5)
     world.restart()
     world.clock.advance(30)
-    result = world.reconcile(fetched(6, values(tag="b")))  # the new leader's first look
-    world.clock.advance(result.requeue_after or 10.0)
-    result = world.reconcile(fetched(7, values(tag="c")))  # an interval later: one window
-    for _ in range(12):
-        result = settle_304(world, result)
-    assert world.data() == values(tag="c")
+    two_changes_an_interval_apart(world)
     return world
 
 

@@ -13,7 +13,6 @@ import pytest
 from fakes import b64
 from reconcile_world import KEY, NAME, NS, TARGET, World, fetched
 from test_restarts import (
-    WEB,
     _other,
     changed,
     merge_web_world,
@@ -23,7 +22,7 @@ from test_restarts import (
     two_holders,
 )
 from test_restarts_review import settle_304
-from test_restarts_review4 import API, lose_the_next_secret_write_answer
+from test_restarts_review4 import failover_with_api_owed, lose_the_next_secret_write_answer
 
 from himitsu_controller import api, himitsu
 from himitsu_controller.sync.ports import KubeError
@@ -53,23 +52,29 @@ def test_pods_restarted_onto_another_holder_s_hand_edit_are_restarted_once_it_is
         "the pods still run the hand edit the operator repaired", restarts(world))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review6 (LOW, before this change too): a restart made while the status write fails "
-    "is marked rolled out in memory, so the next entry copies the old one: lastRestart "
-    "never shows it (its RolloutRestarted Event is sent once: fixed)"))
-def test_a_restart_whose_status_write_failed_is_still_reported_once() -> None:
-    """Item 3: Events and status as today: one RolloutRestarted per restart made."""
+def _a_restart_whose_status_write_failed() -> World:
+    """A restart is made; the status write after it fails; then the retries and a poll."""
     world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
     world.sync(5)
     world.clock.advance(60)
     world.reconcile(fetched(6, changed("b")))
     world.clock.advance(10)
     world.kube.fail_next["patch_status"] = [KubeError("etcdserver: timed out", status=504)]
-    result = tick(world)  # the restart is made; the status write after it fails
+    result = tick(world)
     assert len(restarts(world)) == 1
-    for _ in range(10):  # the retries, then a poll (a 304)
+    for _ in range(10):
         world.clock.advance(result.requeue_after or 15.0)
         result = tick(world)
+    return world
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review6 (LOW, before this change too): a restart made while the status write fails "
+    "is marked rolled out in memory, so the next entry copies the old one: lastRestart "
+    "never shows it (its RolloutRestarted Event is sent once: fixed)"))
+def test_a_restart_whose_status_write_failed_is_still_reported_once() -> None:
+    """Item 3: Events and status as today: one RolloutRestarted per restart made."""
+    world = _a_restart_whose_status_write_failed()
     events = [e for e in world.kube.events if e.reason == "RolloutRestarted"]
     entries = world.status().get("rolloutRestarts") or []
     assert len(events) == 1, events
@@ -165,15 +170,7 @@ def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_first_write
 ) -> None:
     """docs/design/restarts.md: a restart owed for data of unknown age (a new leader's
     first look) stays due at once, lost answers or not (review4's failover case)."""
-    world = World(rolloutRestartTargets=[WEB, API], minRestartInterval="1m",
-                  refreshInterval="10s")
-    world.kube.add_workload(NS, "Deployment", "web", reads=TARGET)
-    world.kube.add_workload(NS, "Deployment", "api", reads=TARGET)
-    world.sync(5)
-    api_obj = world.kube.workloads[(NS, "Deployment", "api")]
-    api_obj["metadata"]["annotations"][api.ANN_STARTED_WITH] = f"{NAME}=0123456789abcdef"
-    world.restart()  # the old leader died before restarting api
-    world.clock.advance(30)
+    world = failover_with_api_owed()
     first_look = world.clock()
     lose_the_next_secret_write_answer(world)
     result = world.reconcile(fetched(6, changed("b")))  # landed; WriteFailure
@@ -190,17 +187,7 @@ def test_a_restart_owed_before_a_failover_stays_due_at_once_when_the_first_write
 def test_a_restart_whose_status_write_failed_still_sends_its_event_once() -> None:
     """Item 3: one RolloutRestarted Event per restart made, also when the status write
     that shows it fails (the Event is sent whether or not the entry is written)."""
-    world = rollout_world(minRestartInterval="10s", refreshInterval="1m")
-    world.sync(5)
-    world.clock.advance(60)
-    world.reconcile(fetched(6, changed("b")))
-    world.clock.advance(10)
-    world.kube.fail_next["patch_status"] = [KubeError("etcdserver: timed out", status=504)]
-    result = tick(world)
-    assert len(restarts(world)) == 1
-    for _ in range(10):
-        world.clock.advance(result.requeue_after or 15.0)
-        result = tick(world)
+    world = _a_restart_whose_status_write_failed()
     assert len([e for e in world.kube.events if e.reason == "RolloutRestarted"]) == 1
 
 

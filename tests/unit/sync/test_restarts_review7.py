@@ -49,27 +49,13 @@ def test_a_co_holder_that_cannot_repair_its_hand_edit_does_not_starve_a_restart_
     assert restarts(world) or warned, "web never restarted for app-config's change, unsaid"
 
 
-def _two_holders_slow_claimant() -> Any:
-    """two_holders, but app-config polls hourly (its wakes come from its own queue only)."""
-    world = rollout_world(minRestartInterval="10s", refreshInterval="1h")
-    other = make_hsec(rolloutRestartTargets=[WEB], minRestartInterval="10s")
-    other["metadata"]["name"] = "other"
-    other["spec"]["target"]["name"] = "other-secrets"
-    world.kube.add_himitsu_secret(other)
-    workload(world)["spec"]["template"]["spec"]["containers"][0]["envFrom"].append(
-        {"secretRef": {"name": "other-secrets"}})
-    world.sync(5)
-    _other(world, fetched(5))
-    return world
-
-
 def test_a_restart_held_back_by_a_co_holder_s_hand_edit_is_made_soon_after_the_repair(
 ) -> None:
     """Item 3: no later than the window after the change (here: after the repair that
     unblocks it), not a whole refreshInterval of the claim's holder later. Each key is
     reconciled only when it asked (the co-holder's repair wakes nothing of the claim's);
     failed on 8d12029 (wake inf), passes since f836292."""
-    world = _two_holders_slow_claimant()
+    world = two_holders("10s", refreshInterval="1h")  # app-config polls hourly
     world.clock.advance(3600)  # app-config's poll falls due
     _other(world, fetched(5))
     _hand_edit_other(world)
@@ -139,15 +125,7 @@ def test_a_co_holder_in_target_conflict_does_not_hold_back_another_s_restarts() 
 
 def test_a_restart_held_back_by_an_unrepaired_co_holder_backs_off() -> None:
     """The review6 cost rule: a restart waiting for a repair never wakes each second."""
-    world = rollout_world(minRestartInterval="0", refreshInterval="1h")
-    other = make_hsec(rolloutRestartTargets=[WEB], minRestartInterval="0")
-    other["metadata"]["name"] = "other"
-    other["spec"]["target"]["name"] = "other-secrets"
-    world.kube.add_himitsu_secret(other)
-    workload(world)["spec"]["template"]["spec"]["containers"][0]["envFrom"].append(
-        {"secretRef": {"name": "other-secrets"}})
-    world.sync(5)
-    _other(world, fetched(5))
+    world = two_holders("0", refreshInterval="1h")
     world.clock.advance(3600)
     _hand_edit_other(world)  # other's Himitsu is down from here on: never repaired
     result = world.reconcile(fetched(6, changed("b")))
