@@ -116,7 +116,8 @@ class Memory:
             # only a workload known to have had the data before waits from ``since``.
             if self.data_id is not None and (self.data_since is None or self.sure is not None):
                 had = frozenset(w for w, i in (self.workloads or {}).items() if i == self.data_id)
-                self.sure = had | (self.sure or frozenset() if self.data_since else frozenset())
+                kept = self.sure if self.data_since is not None and self.sure else frozenset()
+                self.sure = had | kept
             else:
                 self.sure = None
             self.data_id, self.data_digest = data_id, ann.get(api.ANN_DATA_HASH)
