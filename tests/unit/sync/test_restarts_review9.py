@@ -49,11 +49,11 @@ def test_a_change_put_back_after_a_lost_write_answer_is_stamped_with_a_fresh_id(
 
     def applied_then_lost(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         original(namespace, body)
-        world.kube.update_secret = original
+        world.kube.update_secret = original  # type: ignore[method-assign]
         world.kube.fail_next["get_secret_fresh"] = [KubeError("timeout", status=0)]
         raise KubeError("connection reset by peer", status=0)
 
-    world.kube.update_secret = applied_then_lost
+    world.kube.update_secret = applied_then_lost  # type: ignore[method-assign]
     result = world.reconcile(fetched(6, changed("b")))
     assert result.error == "WriteFailure" and world.data() == changed("b")
     assert data_id(world) != first
