@@ -134,7 +134,8 @@ class Memory:
             self.target_holds(ann, since=None)
         if ann.get(api.ANN_DATA_ID) and ann.get(api.ANN_DATA_HASH) == digest:
             return ann[api.ANN_DATA_ID]
-        return self.data_id if self.data_id and self.data_digest == digest else token_hex(8)
+        mine = self.data_id if ann.get(api.ANN_DATA_ID) in (None, self.data_id) else None
+        return mine if mine and self.data_digest == digest else token_hex(8)  # (A, B, A): new
 
     def target_unknown(self, sent: str, *, at: float) -> None:
         """A write of data id ``sent`` at ``at`` that may have landed: the target is to be

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from reconcile_world import fetched, values
 from test_restarts import changed, data_id, restarts, rollout_world, tick
 
@@ -21,7 +20,6 @@ def _ann(data_id: str, digest: str) -> dict[str, str]:
     return {api.ANN_DATA_ID: data_id, api.ANN_DATA_HASH: digest}
 
 
-@pytest.mark.xfail(strict=True, reason="id_for re-stamps the id a lost write replaced")
 def test_bytes_put_back_after_a_lost_write_that_landed_get_a_new_id() -> None:
     """docs/design/restarts.md: bytes put back (A, B, A) get a new id too. Here the
     write of B (id "b") lost its answer but landed, and the fresh read that would have
@@ -35,7 +33,6 @@ def test_bytes_put_back_after_a_lost_write_that_landed_get_a_new_id() -> None:
     assert mem.id_for(held, "digest-a") != "a"
 
 
-@pytest.mark.xfail(strict=True, reason="id_for re-stamps the id a lost write replaced")
 def test_a_change_put_back_after_a_lost_write_answer_is_stamped_with_a_fresh_id() -> None:
     """The same through the reconciler: the write of B lands, its answer and the fresh
     read after it are lost; A's bytes put back then carry A's old id, so web (record A,
